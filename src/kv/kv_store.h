@@ -1,0 +1,59 @@
+// The KV store facade: every attention in the model reads through it. The
+// engine appends each layer's new keys/values and asks it to attend; the store
+// decides where tokens live (host tier, GPU tier), what the key index holds,
+// and which tokens each head attends to. `full` is plain dense attention.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace kvtier {
+
+struct KvGeometry {
+  int n_layer = 0;
+  int n_head = 0;     // query heads
+  int n_kv_head = 0;  // key/value heads (GQA groups: n_head / n_kv_head)
+  int head_dim = 0;
+};
+
+// Exact byte accounting of a store (see SPEC "Policies").
+struct KvMemory {
+  double gpu_bytes_per_token = 0;   // GPU tier (key index, resident K/V), all layers
+  double host_bytes_per_token = 0;  // host tier (full K and V), all layers
+  int64_t gpu_bytes = 0;            // now, for the tokens held
+  int64_t host_bytes = 0;
+};
+
+enum class KvPhase { prefill, decode };
+
+class KvStore {
+ public:
+  virtual ~KvStore() = default;
+
+  // Appends n_tok tokens to `layer`, at positions [n_tokens(layer), +n_tok).
+  // k_pre: [n_tok, n_kv_head, head_dim] f32 keys before RoPE (SVD indexes use them)
+  // k:     [n_tok, n_kv_head, head_dim] f32 keys after RoPE
+  // v:     [n_tok, n_kv_head, head_dim] f32
+  virtual void append(int layer, const float* k_pre, const float* k, const float* v,
+                      int n_tok) = 0;
+
+  // Causal attention for the last n_tok appended positions of `layer`: query i
+  // sees tokens [0, n_tokens(layer) - n_tok + i].
+  // q:   [n_tok, n_head, head_dim] f32 after RoPE
+  // out: [n_tok, n_head, head_dim] f32
+  virtual void attend(int layer, const float* q, int n_tok, float scale, float* out) = 0;
+
+  // Prefill is dense; decode uses the policy's selection. The engine switches
+  // to decode after the prompt (policies build their indexes then).
+  virtual void set_phase(KvPhase phase) = 0;
+
+  virtual int64_t n_tokens(int layer) const = 0;
+  virtual KvMemory memory() const = 0;
+  virtual std::string describe() const = 0;  // the resolved policy, one line
+};
+
+// Builds a store from a policy string (see kv/policy.h; "full" at least).
+// Throws kvtier::Error for a string that makes no sense.
+std::unique_ptr<KvStore> make_kv_store(const std::string& policy, const KvGeometry& geometry);
+
+}  // namespace kvtier

@@ -1,0 +1,49 @@
+// kvtier: one binary, many subcommands (run, serve, bench, score, analyze, memory...).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <exception>
+
+#include "command.h"
+#include "core/status.h"
+
+namespace kvtier::tools {
+
+std::vector<std::pair<int, CommandSetup>>& command_registry() {
+  static std::vector<std::pair<int, CommandSetup>> registry;
+  return registry;
+}
+
+Registration::Registration(int order, CommandSetup setup) {
+  command_registry().emplace_back(order, std::move(setup));
+}
+
+int& command_exit_code() {
+  static int code = 0;
+  return code;
+}
+
+}  // namespace kvtier::tools
+
+int main(int argc, char** argv) {
+  using namespace kvtier::tools;
+  CLI::App app{"kvtier: long-context LLM inference with a tiered, offloaded KV cache"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "kvtier 0.1.0");
+  auto& reg = command_registry();
+  std::stable_sort(reg.begin(), reg.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (auto& [order, setup] : reg) setup(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const kvtier::Error& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 1;
+  }
+  return command_exit_code();
+}

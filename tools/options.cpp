@@ -1,0 +1,56 @@
+#include "options.h"
+
+#include <cstdlib>
+#include <filesystem>
+
+namespace kvtier::tools {
+
+std::string default_model_path() {
+  // The demo and the tests use SmolLM2-135M-Instruct, fetched by
+  // scripts/fetch_default_model.sh into models/cache/.
+  const char* env = std::getenv("KVTIER_MODEL");  // tools only; the library never reads env
+  if (env && *env) return env;
+  for (const char* p : {"models/cache/SmolLM2-135M-Instruct.Q4_1.gguf",
+                        KVT_DEFAULT_MODEL_FALLBACK}) {
+    if (std::filesystem::exists(p)) return p;
+  }
+  return "models/cache/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+void add_engine_options(CLI::App& app, EngineOptions& o) {
+  o.model_path = default_model_path();
+  app.add_option("-m,--model", o.model_path, "model: .gguf file or Hugging Face directory")
+      ->capture_default_str();
+  app.add_option("-t,--threads", o.n_threads, "CPU threads (0: all)")->capture_default_str();
+  app.add_option("--prefill-chunk", o.prefill_chunk, "prompt tokens per forward pass")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("-c,--ctx", o.max_context, "maximum context in tokens (0: the model's)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--host-kv-budget", o.host_kv_budget_bytes,
+                 "refuse prompts whose host KV would exceed this many bytes (0: no limit)")
+      ->check(CLI::NonNegativeNumber);
+}
+
+void add_sampling_options(CLI::App& app, SamplingParams& s) {
+  app.add_option("--temp", s.temperature, "temperature (0: greedy)")
+      ->check(CLI::Range(0.0, 100.0))
+      ->capture_default_str();
+  app.add_option("--top-k", s.top_k, "top-k sampling (0: off)")->check(CLI::NonNegativeNumber);
+  app.add_option("--top-p", s.top_p, "nucleus sampling (1: off)")->check(CLI::Range(0.0, 1.0));
+  app.add_option("--seed", s.seed, "sampling seed")->capture_default_str();
+  app.add_option("-n,--max-tokens", s.max_new_tokens, "maximum new tokens")
+      ->check(CLI::Range(0, 1 << 24))
+      ->capture_default_str();
+  app.add_option("--stop", s.stop, "stop string (repeatable)");
+  app.add_flag("--ignore-eos", s.ignore_eos, "keep generating past end-of-generation tokens");
+}
+
+void add_kv_option(CLI::App& app, std::string& policy) {
+  app.add_option("--kv", policy,
+                 "KV policy: full | shadowkv | yakv | oracle, with overrides "
+                 "(e.g. 'yakv,budget=0.05,local=128'); see README")
+      ->capture_default_str();
+}
+
+}  // namespace kvtier::tools

@@ -1,0 +1,19 @@
+// The one option table shared by `run`, `bench`, `analyze` and `serve`
+// (STYLE rule 11): model and threads, sampling, KV policy.
+#pragma once
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+#include "kvtier/engine.h"
+
+namespace kvtier::tools {
+
+void add_engine_options(CLI::App& app, EngineOptions& o);
+void add_sampling_options(CLI::App& app, SamplingParams& s);
+void add_kv_option(CLI::App& app, std::string& policy);
+
+// The default model's location (set up by scripts/fetch_default_model.sh).
+std::string default_model_path();
+
+}  // namespace kvtier::tools
