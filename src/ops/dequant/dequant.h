@@ -16,4 +16,12 @@ void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n);
 // need to produce (Q4_0, Q4_1, Q8_0, Q8_1; f16/bf16/f32 trivially). Throws for others.
 void quantize_row(GgmlType type, const float* src, void* dst, int64_t n);
 
+// The readable reference versions (dequant_ref.cpp): the specification the fast
+// paths are tested against. Same contracts as above.
+void dequantize_row_ref(GgmlType type, const void* src, float* dst, int64_t n);
+void quantize_row_ref(GgmlType type, const float* src, void* dst, int64_t n);
+
+// Whether dequantize_row supports `type` (all types of ggml_type.h except Q8_K).
+bool dequant_supported(GgmlType type);
+
 }  // namespace kvtier
