@@ -53,8 +53,9 @@ class Model;
 class Sequence {
  public:
   ~Sequence();
-  // Runs the prompt (if not yet done), then produces the next text piece.
-  // Returns false when finished; `piece` receives the newly completed text
+  // Runs the prompt (if not yet done), then decodes one token. Returns false
+  // (doing nothing) once the sequence has finished; the call that finishes it
+  // returns true with the last text. `piece` receives the newly completed text
   // (possibly empty while a UTF-8 character or a possible stop string is held back).
   bool step(std::string* piece);
   bool finished() const;

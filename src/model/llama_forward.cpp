@@ -1,0 +1,82 @@
+// The forward pass of the Llama family, as straight-line op calls over the
+// scratch buffers (STYLE rule 1). Qwen2 adds q/k/v biases, Qwen3 RMSNorm over
+// each head of q and k before RoPE.
+#include <cmath>
+#include <cstring>
+
+#include "core/status.h"
+#include "core/threads.h"
+#include "model/model.h"
+#include "ops/dequant/dequant.h"
+#include "ops/rmsnorm/rmsnorm.h"
+#include "ops/swiglu/swiglu.h"
+
+namespace kvtier {
+namespace {
+
+void add_bias(float* y, const std::vector<float>& b, int n_tok) {
+  if (b.empty()) return;
+  const size_t n = b.size();
+  for (int t = 0; t < n_tok; ++t)
+    for (size_t i = 0; i < n; ++i) y[t * n + i] += b[i];
+}
+
+}  // namespace
+
+void Model::forward(const int32_t* tokens, int n_tok, int64_t pos0, KvStore& kv, ForwardScratch& s,
+                    int n_logits, float* logits) const {
+  const ModelConfig& c = source_.config;
+  KVT_CHECK(n_tok > 0 && n_tok <= s.capacity, "forward: {} tokens, scratch holds {}", n_tok,
+            s.capacity);
+  KVT_CHECK(n_logits >= 0 && n_logits <= n_tok, "forward: n_logits {} out of [0, {}]", n_logits, n_tok);
+  ThreadPool& pool = default_pool();
+  const int E = c.n_embd, hd = c.head_dim;
+  const int q_dim = c.n_head * hd, kv_dim = c.n_kv_head * hd;
+  const float att_scale = 1.0f / std::sqrt(float(hd));
+  const size_t emb_row = ggml_row_bytes(tok_embd_->type, E);
+
+  // x: [n_tok, n_embd] residual stream
+  for (int t = 0; t < n_tok; ++t) {
+    KVT_CHECK(tokens[t] >= 0 && tokens[t] < tok_embd_->shape[0], "token id {} out of vocabulary ({})",
+              tokens[t], tok_embd_->shape[0]);
+    dequantize_row(tok_embd_->type, tok_embd_->data + size_t(tokens[t]) * emb_row, &s.x[size_t(t) * E], E);
+    s.positions[size_t(t)] = pos0 + t;
+  }
+
+  for (int l = 0; l < c.n_layer; ++l) {
+    const LayerWeights& L = layers_[size_t(l)];
+    // Attention block.
+    rmsnorm(s.x.data(), L.attn_norm.data(), n_tok, E, c.rms_eps, s.xb.data());
+    matmul(L.wq, s.xb.data(), n_tok, s.q.data(), pool);  // q: [n_tok, n_head, hd]
+    matmul(L.wk, s.xb.data(), n_tok, s.k.data(), pool);  // k: [n_tok, n_kv_head, hd]
+    matmul(L.wv, s.xb.data(), n_tok, s.v.data(), pool);  // v: [n_tok, n_kv_head, hd]
+    add_bias(s.q.data(), L.bq, n_tok);
+    add_bias(s.k.data(), L.bk, n_tok);
+    add_bias(s.v.data(), L.bv, n_tok);
+    if (!L.q_norm.empty()) rmsnorm(s.q.data(), L.q_norm.data(), int64_t(n_tok) * c.n_head, hd, c.rms_eps, s.q.data());
+    if (!L.k_norm.empty()) rmsnorm(s.k.data(), L.k_norm.data(), int64_t(n_tok) * c.n_kv_head, hd, c.rms_eps, s.k.data());
+    std::memcpy(s.k_pre.data(), s.k.data(), sizeof(float) * size_t(n_tok) * kv_dim);
+    rope_->apply(s.q.data(), n_tok, c.n_head, s.positions.data());
+    rope_->apply(s.k.data(), n_tok, c.n_kv_head, s.positions.data());
+    kv.append(l, s.k_pre.data(), s.k.data(), s.v.data(), n_tok);
+    kv.attend(l, s.q.data(), n_tok, att_scale, s.att.data());  // att: [n_tok, n_head, hd]
+    matmul(L.wo, s.att.data(), n_tok, s.xb.data(), pool);
+    for (size_t i = 0; i < size_t(n_tok) * E; ++i) s.x[i] += s.xb[i];
+
+    // Feed-forward block (SwiGLU).
+    rmsnorm(s.x.data(), L.ffn_norm.data(), n_tok, E, c.rms_eps, s.xb.data());
+    matmul(L.w_gate, s.xb.data(), n_tok, s.gate.data(), pool);  // [n_tok, n_ff]
+    matmul(L.w_up, s.xb.data(), n_tok, s.up.data(), pool);      // [n_tok, n_ff]
+    swiglu(s.gate.data(), s.up.data(), int64_t(n_tok) * c.n_ff, s.gate.data());
+    matmul(L.w_down, s.gate.data(), n_tok, s.xb.data(), pool);
+    for (size_t i = 0; i < size_t(n_tok) * E; ++i) s.x[i] += s.xb[i];
+  }
+
+  if (n_logits == 0) return;
+  float* last = &s.x[size_t(n_tok - n_logits) * E];  // [n_logits, n_embd]
+  rmsnorm(last, output_norm_.data(), n_logits, E, c.rms_eps, last);
+  matmul(output_, last, n_logits, logits, pool);  // [n_logits, n_vocab]
+  (void)q_dim;
+}
+
+}  // namespace kvtier

@@ -1,0 +1,63 @@
+// A Llama-family decoder (Llama 2/3.x, SmolLM2, Qwen2/2.5, Qwen3) on the CPU:
+// weights viewed in place from the memory-mapped file where the matmul runs
+// their type natively, converted to f32 otherwise; a straight-line forward.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kv/kv_store.h"
+#include "loader/model_source.h"
+#include "model/config.h"
+#include "ops/matmul/matmul.h"
+#include "ops/rope/rope.h"
+
+namespace kvtier {
+
+struct LayerWeights {
+  std::vector<float> attn_norm;                // [n_embd]
+  WeightView wq, wk, wv, wo;                   // [n_head*hd, n_embd] ... [n_embd, n_head*hd]
+  std::vector<float> bq, bk, bv;               // [n_head*hd], [n_kv*hd], [n_kv*hd] or empty
+  std::vector<float> q_norm, k_norm;           // [head_dim] or empty
+  std::vector<float> ffn_norm;                 // [n_embd]
+  WeightView w_gate, w_up, w_down;             // [n_ff, n_embd], [n_ff, n_embd], [n_embd, n_ff]
+};
+
+// Per-sequence working memory for up to `capacity` tokens per forward.
+struct ForwardScratch {
+  int capacity = 0;
+  std::vector<float> x, xb, q, k, k_pre, v, att, gate, up;
+  std::vector<int64_t> positions;
+};
+
+class Model {
+ public:
+  explicit Model(ModelSource source);
+
+  const ModelConfig& config() const { return source_.config; }
+  const ModelSource& source() const { return source_; }
+  KvGeometry kv_geometry() const;
+
+  ForwardScratch make_scratch(int capacity) const;
+
+  // Runs tokens [n_tok] at positions [pos0, pos0 + n_tok) through every layer,
+  // appending their keys/values to `kv`. logits: [n_logits, n_vocab] for the
+  // last n_logits tokens (0: none, e.g. for prompt chunks before the last).
+  void forward(const int32_t* tokens, int n_tok, int64_t pos0, KvStore& kv, ForwardScratch& s,
+               int n_logits, float* logits) const;
+
+ private:
+  WeightView view_matrix(const std::string& name);
+  std::vector<float> load_vector(const std::string& name, int64_t expected);
+  std::vector<float> maybe_vector(const std::string& name, int64_t expected);
+
+  ModelSource source_;
+  std::vector<std::vector<float>> owned_;  // f32 copies of weights in unsupported types
+  std::vector<LayerWeights> layers_;
+  const TensorRef* tok_embd_ = nullptr;
+  WeightView output_;
+  std::vector<float> output_norm_;
+  std::unique_ptr<Rope> rope_;
+};
+
+}  // namespace kvtier

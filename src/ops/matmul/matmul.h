@@ -1,0 +1,45 @@
+// Linear layers: y = x · Wᵀ with W stored in a GGUF type.
+//
+// Decode (few tokens) runs the quantized dot products directly on the weight
+// blocks: activations are quantized to 8 bits per 32-block (Q8_0 for Q4_0 and
+// Q8_0 weights, Q8_1 for Q4_1), as llama.cpp does, which both halves memory
+// traffic and keeps results close to it. Prefill (many tokens) dequantizes the
+// weight to f32 in slices and calls OpenBLAS sgemm.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "core/ggml_type.h"
+
+namespace kvtier {
+
+class ThreadPool;
+
+// A weight matrix [n_out, n_in] in its storage type, rows contiguous.
+struct WeightView {
+  GgmlType type = GgmlType::F32;
+  const void* data = nullptr;
+  int64_t n_out = 0;
+  int64_t n_in = 0;
+  size_t row_bytes = 0;
+  const uint8_t* row(int64_t r) const {
+    return static_cast<const uint8_t*>(data) + size_t(r) * row_bytes;
+  }
+};
+
+// Types matmul runs natively; others must be converted at load (see model).
+bool matmul_supports(GgmlType type);
+
+// x: [n_tok, n_in] f32, y: [n_tok, n_out] f32.
+void matmul(const WeightView& w, const float* x, int64_t n_tok, float* y, ThreadPool& pool);
+
+// Reference: dequantize each row (dequantize_row) and accumulate in f64 with
+// the activations in f32 — the specification the fast paths are tested against.
+void matmul_ref(const WeightView& w, const float* x, int64_t n_tok, float* y);
+
+// Reference of the quantized-activation path: x quantized per 32-block to
+// Q8_0 (or Q8_1 for Q4_1 weights) exactly as the fast path does, then exact
+// integer block dots. The fast decode path must match this to float rounding.
+void matmul_q8_ref(const WeightView& w, const float* x, int64_t n_tok, float* y);
+
+}  // namespace kvtier

@@ -1,0 +1,80 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/ggml_type.h"
+#include "core/threads.h"
+#include "ops/dequant/dequant.h"
+#include "ops/matmul/matmul.h"
+
+namespace kvtier {
+namespace {
+
+struct Case {
+  GgmlType type;
+  int64_t n_out, n_in, n_tok;
+};
+
+std::vector<uint8_t> make_weight(GgmlType type, int64_t n_out, int64_t n_in, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 0.5f);
+  const size_t row_bytes = ggml_row_bytes(type, n_in);
+  std::vector<uint8_t> w(row_bytes * size_t(n_out));
+  std::vector<float> row(static_cast<size_t>(n_in));
+  for (int64_t r = 0; r < n_out; ++r) {
+    for (auto& x : row) x = nd(rng);
+    quantize_row(type, row.data(), w.data() + size_t(r) * row_bytes, n_in);
+  }
+  return w;
+}
+
+class MatmulTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(MatmulTest, FastMatchesReference) {
+  const Case c = GetParam();
+  std::mt19937 rng(1234 + int(c.type) * 7 + int(c.n_tok));
+  auto w_bytes = make_weight(c.type, c.n_out, c.n_in, rng);
+  WeightView w{c.type, w_bytes.data(), c.n_out, c.n_in, ggml_row_bytes(c.type, c.n_in)};
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(size_t(c.n_tok * c.n_in));  // [n_tok, n_in]
+  for (auto& v : x) v = nd(rng);
+  std::vector<float> y(size_t(c.n_tok * c.n_out), NAN), y_ref(y.size()), y_q8(y.size());
+  ThreadPool pool(2);
+  matmul(w, x.data(), c.n_tok, y.data(), pool);
+  matmul_ref(w, x.data(), c.n_tok, y_ref.data());
+  const bool quantized_path = c.n_tok < 16 && c.type != GgmlType::F32;
+  if (quantized_path) matmul_q8_ref(w, x.data(), c.n_tok, y_q8.data());
+  double err = 0, norm = 0, err_q8 = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(y[i])) << i;
+    err += (y[i] - y_ref[i]) * double(y[i] - y_ref[i]);
+    norm += double(y_ref[i]) * y_ref[i];
+    if (quantized_path) err_q8 = std::max(err_q8, double(std::fabs(y[i] - y_q8[i])));
+  }
+  const double rel = std::sqrt(err / norm);
+  // Exact-weights paths (sgemm, f32) agree to float rounding; the quantized
+  // path loses ~1/254 of each activation block's range.
+  EXPECT_LT(rel, quantized_path ? 2e-2 : 1e-5) << "relative error vs f64 reference";
+  if (quantized_path) EXPECT_LT(err_q8, 1e-3) << "fast path must equal the int8 reference";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Grid, MatmulTest,
+    ::testing::Values(Case{GgmlType::F32, 37, 64, 1}, Case{GgmlType::F32, 37, 64, 20},
+                      Case{GgmlType::Q4_0, 64, 128, 1}, Case{GgmlType::Q4_0, 65, 256, 3},
+                      Case{GgmlType::Q4_1, 64, 576, 1}, Case{GgmlType::Q4_1, 33, 96, 2},
+                      Case{GgmlType::Q8_0, 40, 576, 1}, Case{GgmlType::Q8_0, 40, 64, 5},
+                      Case{GgmlType::Q4_1, 70, 576, 17}, Case{GgmlType::Q8_0, 19, 128, 40},
+                      Case{GgmlType::Q4_0, 8, 32, 16}));
+
+TEST(Matmul, RejectsUnsupportedType) {
+  std::vector<uint8_t> w(210);
+  WeightView v{GgmlType::Q6_K, w.data(), 1, 256, 210};
+  std::vector<float> x(256), y(1);
+  ThreadPool pool(1);
+  EXPECT_THROW(matmul(v, x.data(), 1, y.data(), pool), std::exception);
+}
+
+}  // namespace
+}  // namespace kvtier
