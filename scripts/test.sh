@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Builds kvtier and runs the whole test suite: the CTest suite (C++ unit,
+# parity and end-to-end tests; the server's Python tests), then the same C++
+# suite under AddressSanitizer + UndefinedBehaviorSanitizer. CUDA tests skip
+# without a GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ "${KVT_SKIP_INSTALL:-0}" = 1 ] || ./scripts/install_deps.sh
+jobs=${JOBS:-$(nproc)}
+./scripts/build.sh
+(cd build && ctest --output-on-failure -j"$jobs" --timeout 1500)
+if [ "${KVT_SKIP_SANITIZE:-0}" != 1 ]; then
+  # Sanitized build: CPU code only (nvcc does not take the sanitizer flags).
+  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVT_SANITIZE=ON -DKVT_CUDA=OFF >/dev/null
+  cmake --build build-asan -j"$jobs"
+  (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+     ctest --output-on-failure -j"$jobs" --timeout 1500 -L cpu -LE slow)
+fi
