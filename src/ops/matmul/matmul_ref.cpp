@@ -29,7 +29,7 @@ void matmul_q8_ref(const WeightView& w, const float* x, int64_t n_tok, float* y)
     const float* xt = x + t * w.n_in;
     // Quantize activations: d = amax / 127, q = round(x / d); d is stored as f16.
     std::vector<int8_t> xq(static_cast<size_t>(w.n_in));
-    std::vector<float> xd(static_cast<size_t>(n_blk)), xs(size_t(n_blk));
+    std::vector<float> xd(static_cast<size_t>(n_blk)), xs(static_cast<size_t>(n_blk));
     for (int64_t b = 0; b < n_blk; ++b) {
       float amax = 0;
       for (int i = 0; i < kQK; ++i) amax = std::max(amax, std::fabs(xt[b * kQK + i]));
