@@ -1,0 +1,248 @@
+// Fast HIGGS: FWHT instead of the O(G²) matrix, an AVX2 nearest-point search
+// (argmax_c u·c − ‖c‖²/2 over 8 grid points per instruction), and scoring in
+// the rotated domain: the Hadamard is orthonormal, so
+//   q · x̂ = Σ_g σ_g · (H(s ⊙ q_g)) · grid[code_g],
+// and with many records per query the inner products q'_p · grid_c are
+// tabulated once (LUT [n_sub, n]) so a record costs one lookup per sub-vector.
+#include <immintrin.h>
+
+#include <cmath>
+#include <vector>
+
+#include "ops/quant/hadamard.h"
+#include "ops/quant/higgs_grid.h"
+#include "ops/quant/higgs_quant.h"
+#include "ops/quant/quant_cpu_detail.h"
+#include "ops/quant/quant_layout.h"
+#include "ops/quant/quant_scalar.h"
+
+namespace kvtier {
+namespace {
+using namespace quant_layout;
+
+// Nearest grid point to u [d]: the largest u·c − ‖c‖²/2, lowest index on ties.
+int nearest_point_fast(const HiggsGrid& grid, const float* u) {
+  const int n = grid.size, d = grid.dim;
+  if (n % 8 != 0) {
+    int best = 0;
+    float best_s = -INFINITY;
+    for (int c = 0; c < n; ++c) {
+      float s = -grid.half_norm2[size_t(c)];
+      for (int k = 0; k < d; ++k) s += u[k] * grid.points_t[size_t(k) * n + c];
+      if (s > best_s) best_s = s, best = c;
+    }
+    return best;
+  }
+  __m256 best_s = _mm256_set1_ps(-INFINITY);
+  __m256i best_i = _mm256_setzero_si256();
+  __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i eight = _mm256_set1_epi32(8);
+  for (int c = 0; c < n; c += 8) {
+    __m256 s = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_loadu_ps(grid.half_norm2.data() + c));
+    for (int k = 0; k < d; ++k)
+      s = _mm256_fmadd_ps(_mm256_set1_ps(u[k]), _mm256_loadu_ps(grid.points_t.data() + size_t(k) * n + c), s);
+    __m256 gt = _mm256_cmp_ps(s, best_s, _CMP_GT_OQ);  // strict: earlier index wins ties
+    best_s = _mm256_blendv_ps(best_s, s, gt);
+    best_i = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(best_i), _mm256_castsi256_ps(idx), gt));
+    idx = _mm256_add_epi32(idx, eight);
+  }
+  alignas(32) float s8[8];
+  alignas(32) int32_t i8[8];
+  _mm256_store_ps(s8, best_s);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(i8), best_i);
+  int best = i8[0];
+  float bs = s8[0];
+  for (int l = 1; l < 8; ++l)
+    if (s8[l] > bs || (s8[l] == bs && i8[l] < best)) bs = s8[l], best = i8[l];
+  return best;
+}
+
+std::vector<float> sign_vector(const QuantSpec& s, int G) {  // [G] f32
+  std::vector<float> signs(size_t(G), 1.0f);
+  if (s.random_signs) hadamard_signs(s.sign_seed, G, signs.data());
+  return signs;
+}
+
+// All codes of one group, LSB-first stream of `bits`-bit fields. out: [n_code].
+void unpack_codes(const uint8_t* p, int n_code, int bits, uint16_t* out) {
+  if (bits == 8) {
+    for (int i = 0; i < n_code; ++i) out[i] = p[i];
+    return;
+  }
+  const uint32_t mask = (1u << bits) - 1;
+  uint64_t acc = 0;
+  int n_acc = 0;
+  for (int i = 0; i < n_code; ++i) {
+    while (n_acc < bits) acc |= uint64_t(*p++) << n_acc, n_acc += 8;
+    out[i] = uint16_t(uint32_t(acc) & mask);
+    acc >>= bits;
+    n_acc -= bits;
+  }
+}
+
+}  // namespace
+
+float dot_f32(const float* a, const float* b, int n) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+  }
+  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+  acc0 = _mm256_add_ps(acc0, acc1);
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc0), _mm256_extractf128_ps(acc0, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  float s = _mm_cvtss_f32(h);
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void higgs_quantize_cpu(const QuantSpec& s, const float* x, int64_t n_vec, int dim, uint8_t* out) {
+  size_t bpv = bytes_per_vector(s, dim);
+  Grouped l = grouped_layout(s, dim);
+  const HiggsGrid& grid = higgs_grid(s.grid_dim, s.grid_size);
+  const int d = s.grid_dim, G = l.group;
+  std::vector<float> signs = sign_vector(s, G);
+  std::vector<float> u(static_cast<size_t>(G));  // [G] f32
+  for (int64_t v = 0; v < n_vec; ++v) {
+    uint8_t* rec = out + size_t(v) * bpv;
+    for (int g = 0; g < l.n_group; ++g) {
+      const float* xg = x + v * dim + int64_t(g) * G;
+      double norm2 = 0;
+      for (int i = 0; i < G; ++i) norm2 += double(xg[i]) * xg[i];
+      KVT_CHECK(std::isfinite(norm2), "quantize {}: non-finite value in vector {}", to_string(s), v);
+      uint16_t sigma_h = f32_to_bf16(float(std::sqrt(norm2 / G)));
+      float sigma = bf16_to_f32(sigma_h);
+      KVT_CHECK(std::isfinite(sigma), "quantize {}: group {} of vector {} has norm {} beyond bf16",
+                to_string(s), g, v, std::sqrt(norm2));
+      for (int i = 0; i < G; ++i) u[size_t(i)] = signs[size_t(i)] * xg[i];
+      hadamard_transform(u.data(), G);
+      float inv = sigma > 0 ? 1.0f / sigma : 0.0f;
+      for (int i = 0; i < G; ++i) u[size_t(i)] *= inv;
+      uint8_t* codes = rec + size_t(g) * l.code_bytes;
+      if (l.bits == 8) {
+        for (int p = 0; p < l.n_code; ++p) codes[p] = uint8_t(nearest_point_fast(grid, u.data() + p * d));
+      } else {
+        std::memset(codes, 0, l.code_bytes);
+        for (int p = 0; p < l.n_code; ++p)
+          put_bits(codes, int64_t(p) * l.bits, uint32_t(nearest_point_fast(grid, u.data() + p * d)), l.bits);
+      }
+      store_u16(rec + l.meta_offset + 2 * size_t(g), sigma_h);
+    }
+  }
+}
+
+void higgs_dequantize_cpu(const QuantSpec& s, const uint8_t* in, int64_t n_vec, int dim, float* out) {
+  size_t bpv = bytes_per_vector(s, dim);
+  Grouped l = grouped_layout(s, dim);
+  const HiggsGrid& grid = higgs_grid(s.grid_dim, s.grid_size);
+  const int d = s.grid_dim, G = l.group;
+  std::vector<float> signs = sign_vector(s, G);
+  std::vector<uint16_t> code(static_cast<size_t>(l.n_code));
+  for (int64_t v = 0; v < n_vec; ++v) {
+    const uint8_t* rec = in + size_t(v) * bpv;
+    for (int g = 0; g < l.n_group; ++g) {
+      float sigma = bf16_to_f32(load_u16(rec + l.meta_offset + 2 * size_t(g)));
+      unpack_codes(rec + size_t(g) * l.code_bytes, l.n_code, l.bits, code.data());
+      float* y = out + v * dim + int64_t(g) * G;  // rotated group, then transformed in place
+      for (int p = 0; p < l.n_code; ++p) {
+        uint32_t c = code[size_t(p)];
+        KVT_CHECK(c < uint32_t(grid.size), "dequantize {}: code {} >= grid size {} in vector {}",
+                  to_string(s), c, grid.size, v);
+        for (int k = 0; k < d; ++k) y[p * d + k] = sigma * grid.points[size_t(c) * d + k];
+      }
+      hadamard_transform(y, G);
+      if (s.random_signs)
+        for (int i = 0; i < G; ++i) y[i] *= signs[size_t(i)];
+    }
+  }
+}
+
+void higgs_score_cpu(const QuantSpec& s, const ScoreParams& p) {
+  const int dim = p.dim;
+  int64_t stride = p.code_stride ? p.code_stride : int64_t(bytes_per_vector(s, dim));
+  Grouped l = grouped_layout(s, dim);
+  const HiggsGrid& grid = higgs_grid(s.grid_dim, s.grid_size);
+  const int d = s.grid_dim, G = l.group, n = grid.size;
+  const int n_sub = dim / d;  // sub-vectors per record
+  std::vector<float> signs = sign_vector(s, G);
+
+  // q' = H(s ⊙ q) per group, for every query: [n_q, dim] f32
+  std::vector<float> qr(size_t(p.n_q) * dim);
+  for (int j = 0; j < p.n_q; ++j)
+    for (int g = 0; g < l.n_group; ++g) {
+      float* qg = qr.data() + size_t(j) * dim + size_t(g) * G;
+      const float* src = p.q + int64_t(j) * dim + int64_t(g) * G;
+      for (int i = 0; i < G; ++i) qg[i] = signs[size_t(i)] * src[i];
+      hadamard_transform(qg, G);
+    }
+
+  std::vector<uint16_t> code(static_cast<size_t>(n_sub));  // [n_sub] the record's grid indices
+  // Tabulating costs n_sub·n·d per query; a record then costs n_sub lookups
+  // instead of n_sub·d multiply-adds.
+  const int64_t lut_size = int64_t(p.n_q) * n_sub * n;
+  const bool use_lut = p.n_vec * d >= 2 * int64_t(n) && lut_size <= (int64_t(1) << 23);
+  if (use_lut) {
+    std::vector<float> lut(static_cast<size_t>(lut_size));  // [n_q, n_sub, n] f32
+    for (int j = 0; j < p.n_q; ++j)
+      for (int sp = 0; sp < n_sub; ++sp) {
+        const float* qs = qr.data() + size_t(j) * dim + size_t(sp) * d;
+        float* row = lut.data() + (size_t(j) * n_sub + sp) * n;
+        for (int c = 0; c < n; ++c) row[c] = 0.0f;
+        for (int k = 0; k < d; ++k) {
+          const float qk = qs[k];
+          const float* pk = grid.points_t.data() + size_t(k) * n;
+          for (int c = 0; c < n; ++c) row[c] += qk * pk[c];
+        }
+      }
+    for (int64_t i = 0; i < p.n_vec; ++i) {
+      const uint8_t* rec = p.codes + i * stride;
+      for (int g = 0; g < l.n_group; ++g)
+        unpack_codes(rec + size_t(g) * l.code_bytes, l.n_code, l.bits, code.data() + size_t(g) * l.n_code);
+      if (!is_power_of_two(n))  // only then can a stored index exceed the table
+        for (int sp = 0; sp < n_sub; ++sp)
+          KVT_CHECK(code[size_t(sp)] < n, "score {}: code {} >= grid size {} in vector {}", to_string(s),
+                    code[size_t(sp)], n, i);
+      for (int j = 0; j < p.n_q; ++j) {
+        const float* lj = lut.data() + size_t(j) * n_sub * n;
+        float total = 0;
+        for (int g = 0; g < l.n_group; ++g) {
+          float sigma = bf16_to_f32(load_u16(rec + l.meta_offset + 2 * size_t(g)));
+          const uint16_t* cg = code.data() + size_t(g) * l.n_code;
+          const float* lg = lj + size_t(g) * l.n_code * n;
+          float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+          int sp = 0;
+          for (; sp + 4 <= l.n_code; sp += 4) {
+            a0 += lg[size_t(sp) * n + cg[sp]];
+            a1 += lg[size_t(sp + 1) * n + cg[sp + 1]];
+            a2 += lg[size_t(sp + 2) * n + cg[sp + 2]];
+            a3 += lg[size_t(sp + 3) * n + cg[sp + 3]];
+          }
+          for (; sp < l.n_code; ++sp) a0 += lg[size_t(sp) * n + cg[sp]];
+          total += sigma * ((a0 + a1) + (a2 + a3));
+        }
+        p.scores[int64_t(j) * p.n_vec + i] = total;
+      }
+    }
+    return;
+  }
+  // Few records: rebuild each in the rotated domain and dot with q'.
+  std::vector<float> y(static_cast<size_t>(dim));  // [dim] f32, σ·grid[code] per group
+  for (int64_t i = 0; i < p.n_vec; ++i) {
+    const uint8_t* rec = p.codes + i * stride;
+    for (int g = 0; g < l.n_group; ++g) {
+      float sigma = bf16_to_f32(load_u16(rec + l.meta_offset + 2 * size_t(g)));
+      unpack_codes(rec + size_t(g) * l.code_bytes, l.n_code, l.bits, code.data());
+      for (int sp = 0; sp < l.n_code; ++sp) {
+        uint32_t c = code[size_t(sp)];
+        KVT_CHECK(c < uint32_t(n), "score {}: code {} >= grid size {} in vector {}", to_string(s), c, n, i);
+        for (int k = 0; k < d; ++k) y[size_t(g) * G + size_t(sp) * d + k] = sigma * grid.points[size_t(c) * d + k];
+      }
+    }
+    for (int j = 0; j < p.n_q; ++j) p.scores[int64_t(j) * p.n_vec + i] = dot_f32(qr.data() + size_t(j) * dim, y.data(), dim);
+  }
+}
+
+}  // namespace kvtier
