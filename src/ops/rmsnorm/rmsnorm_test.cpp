@@ -13,7 +13,7 @@ TEST(RmsNorm, MatchesReference) {
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0.0f, 3.0f);
   for (int dim : {1, 7, 64, 576}) {
-    std::vector<float> x(size_t(4 * dim)), w(size_t(dim)), y(x.size(), NAN), r(x.size());
+    std::vector<float> x(static_cast<size_t>(4 * dim)), w(static_cast<size_t>(dim)), y(x.size(), NAN), r(x.size());
     for (auto& v : x) v = nd(rng);
     for (auto& v : w) v = nd(rng);
     rmsnorm(x.data(), w.data(), 4, dim, 1e-5f, y.data());
