@@ -4,6 +4,7 @@
 // and which tokens each head attends to. `full` is plain dense attention.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -14,6 +15,11 @@ struct KvGeometry {
   int n_head = 0;     // query heads
   int n_kv_head = 0;  // key/value heads (GQA groups: n_head / n_kv_head)
   int head_dim = 0;
+  // The model's RoPE applied in place to keys at the given positions:
+  // k: [n, n_kv_head, head_dim] f32, pos: [n]. Needed by policies that rebuild
+  // post-RoPE keys (shadowkv's SVD, host keys stored before RoPE); may be
+  // left empty otherwise (make_kv_store then refuses those policies).
+  std::function<void(float* k, const int64_t* pos, int64_t n)> apply_rope;
 };
 
 // Exact byte accounting of a store (see SPEC "Policies").

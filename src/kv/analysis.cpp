@@ -1,0 +1,177 @@
+#include "kv/analysis.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/status.h"
+#include "kv/policy.h"
+
+namespace kvtier {
+
+HeadMetrics PolicyAnalysis::total() const {
+  HeadMetrics t;
+  for (const HeadMetrics& h : by_head) {
+    t.token_recall += h.token_recall;
+    t.mass_recall += h.mass_recall;
+    t.rel_error += h.rel_error;
+    t.n += h.n;
+  }
+  return t;
+}
+
+HeadMetrics PolicyAnalysis::layer(int l, int n_head) const {
+  HeadMetrics t;
+  for (int h = 0; h < n_head; ++h) {
+    const HeadMetrics& m = by_head[size_t(l) * n_head + h];
+    t.token_recall += m.token_recall;
+    t.mass_recall += m.mass_recall;
+    t.rel_error += m.rel_error;
+    t.n += m.n;
+  }
+  return t;
+}
+
+namespace {
+
+// True scaled scores: raw [n_head, n] f32.
+void exact_scores(const KvGeometry& g, const float* q, float scale, const float* k, int64_t n,
+                  float* raw) {
+  const int H = g.n_kv_head, D = g.head_dim, group = g.n_head / g.n_kv_head;
+  for (int h = 0; h < g.n_head; ++h) {
+    const float* qh = q + size_t(h) * D;
+    const int kv = h / group;
+    for (int64_t t = 0; t < n; ++t) {
+      const float* kt = k + (t * H + kv) * D;
+      double s = 0;
+      for (int d = 0; d < D; ++d) s += double(qh[d]) * kt[d];
+      raw[size_t(h) * n + t] = float(s * scale);
+    }
+  }
+}
+
+}  // namespace
+
+void oracle_selection(const KvGeometry& g, const PolicyConfig& p, int64_t budget,
+                      const float* q, float scale, const float* k, int64_t n_visible,
+                      Selection* out) {
+  std::vector<float> raw(size_t(g.n_head) * n_visible), agg(size_t(g.n_kv_head) * n_visible);
+  exact_scores(g, q, scale, k, n_visible, raw.data());
+  aggregate_gqa(p.gqa, g.n_head, g.n_kv_head, n_visible, raw.data(), agg.data());
+  SelectParams sp;
+  sp.n_visible = n_visible;
+  sp.chunk = 1;
+  sp.n_chunk = n_visible;
+  sp.budget = budget;
+  sp.sink = p.sink;
+  sp.local = p.local;
+  select_tokens(sp, g.n_kv_head, agg.data(), nullptr, out);
+}
+
+void accumulate_metrics(const KvGeometry& g, const float* q, float scale, const float* k,
+                        int64_t n, const float* out_dense, const float* out_policy,
+                        const Selection& sel, const Selection& oracle, HeadMetrics* by_head) {
+  const int D = g.head_dim, group = g.n_head / g.n_kv_head;
+  std::vector<float> raw(size_t(g.n_head) * n);
+  exact_scores(g, q, scale, k, n, raw.data());
+  std::vector<uint8_t> in_sel(n), in_orc(n);
+  for (int kv = 0; kv < g.n_kv_head; ++kv) {
+    std::fill(in_sel.begin(), in_sel.end(), 0);
+    std::fill(in_orc.begin(), in_orc.end(), 0);
+    for (int64_t i = sel.indptr[kv]; i < sel.indptr[kv + 1]; ++i) in_sel[sel.indices[i]] = 1;
+    int64_t n_orc = 0, n_hit = 0;
+    for (int64_t i = oracle.indptr[kv]; i < oracle.indptr[kv + 1]; ++i) {
+      in_orc[oracle.indices[i]] = 1;
+      ++n_orc;
+      n_hit += in_sel[oracle.indices[i]];
+    }
+    const double token_recall = n_orc ? double(n_hit) / double(n_orc) : 1.0;
+    for (int j = 0; j < group; ++j) {
+      const int h = kv * group + j;
+      const float* r = raw.data() + size_t(h) * n;
+      const float mx = *std::max_element(r, r + n);
+      double z = 0, m_sel = 0, m_orc = 0;
+      for (int64_t t = 0; t < n; ++t) {
+        const double e = std::exp(double(r[t]) - mx);
+        z += e;
+        if (in_sel[t]) m_sel += e;
+        if (in_orc[t]) m_orc += e;
+      }
+      double err = 0, nrm = 0;
+      for (int d = 0; d < D; ++d) {
+        const double a = out_dense[size_t(h) * D + d], b = out_policy[size_t(h) * D + d];
+        err += (a - b) * (a - b);
+        nrm += a * a;
+      }
+      HeadMetrics& m = by_head[h];
+      m.token_recall += token_recall;
+      m.mass_recall += m_orc > 0 ? m_sel / m_orc : 1.0;
+      m.rel_error += nrm > 0 ? std::sqrt(err / nrm) : std::sqrt(err);
+      m.n += 1;
+    }
+  }
+}
+
+AnalysisKvStore::AnalysisKvStore(const std::string& policies, const KvGeometry& g)
+    : g_(g), dense_(parse_policy("full,kv=f32"), g) {
+  size_t start = 0;
+  while (start <= policies.size()) {
+    size_t bar = policies.find('|', start);
+    std::string one = policies.substr(start, bar == std::string::npos ? std::string::npos
+                                                                       : bar - start);
+    KVT_CHECK(!one.empty(), "kv analysis '{}': empty policy between '|'", policies);
+    PolicyConfig p = parse_policy(one);
+    KVT_CHECK(p.index != IndexKind::none,
+              "kv analysis: policy '{}' is dense; the analysis compares sparse policies with "
+              "the oracle (dense attention is the reference already)", one);
+    stores_.push_back(std::make_unique<TieredKvStore>(p, g));
+    PolicyAnalysis a;
+    a.policy = one;
+    a.resolved = to_string(p);
+    a.by_head.assign(size_t(g.n_layer) * g.n_head, HeadMetrics{});
+    results_.push_back(std::move(a));
+    if (bar == std::string::npos) break;
+    start = bar + 1;
+  }
+}
+
+void AnalysisKvStore::append(int layer, const float* k_pre, const float* k, const float* v,
+                             int n_tok) {
+  dense_.append(layer, k_pre, k, v, n_tok);
+  for (auto& s : stores_) s->append(layer, k_pre, k, v, n_tok);
+}
+
+void AnalysisKvStore::set_phase(KvPhase phase) {
+  phase_ = phase;
+  dense_.set_phase(phase);
+  for (auto& s : stores_) s->set_phase(phase);
+}
+
+void AnalysisKvStore::attend(int layer, const float* q, int n_tok, float scale, float* out) {
+  dense_.attend(layer, q, n_tok, scale, out);
+  if (phase_ != KvPhase::decode) return;
+  const int64_t qs = int64_t(g_.n_head) * g_.head_dim;
+  const int64_t n = dense_.n_tokens(layer);
+  std::vector<float> out_p(qs);
+  Selection sel, orc;
+  for (int i = 0; i < n_tok; ++i) {
+    const int64_t n_visible = n - n_tok + i + 1;
+    for (size_t j = 0; j < stores_.size(); ++j) {
+      TieredKvStore& s = *stores_[j];
+      s.attend_one(layer, q + i * qs, scale, n_visible, out_p.data(), &sel);
+      oracle_selection(g_, s.config(), s.budget(), q + i * qs, scale, dense_.keys(layer),
+                       n_visible, &orc);
+      accumulate_metrics(g_, q + i * qs, scale, dense_.keys(layer), n_visible, out + i * qs,
+                         out_p.data(), sel, orc,
+                         results_[j].by_head.data() + size_t(layer) * g_.n_head);
+    }
+    if (layer == 0) ++n_queries_;
+  }
+}
+
+std::string AnalysisKvStore::describe() const {
+  std::string s(kAnalysisPrefix);
+  for (size_t j = 0; j < results_.size(); ++j) s += (j ? "|" : "") + results_[j].resolved;
+  return s;
+}
+
+}  // namespace kvtier

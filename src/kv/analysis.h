@@ -1,0 +1,83 @@
+// Oracle analysis (SPEC "Policies": analysis mode). A KvStore that drives the
+// sequence with exact dense attention (f32) while every policy under study
+// receives the same appends and, at each decode query, makes its own
+// selection and computes its own sparse attention output. For each policy,
+// layer and query head it accumulates, against the oracle (exact top-k of the
+// true scores with the same budgets):
+//   token recall  |S_policy ∩ S_oracle| / |S_oracle|   (per KV head)
+//   mass recall   Σ_{S_policy} p / Σ_{S_oracle} p       (p: true attention probabilities)
+//   output error  ‖o_policy − o_dense‖ / ‖o_dense‖
+// Replaying every policy against one dense sequence (rather than letting each
+// decode its own text) keeps the inputs identical, so the numbers compare the
+// selections and nothing else. Created by make_kv_store("analyze:P1|P2|…").
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kv/kv_store.h"
+#include "kv/tiered_store.h"
+
+namespace kvtier {
+
+inline constexpr std::string_view kAnalysisPrefix = "analyze:";
+
+struct HeadMetrics {
+  double token_recall = 0;  // sums over decode queries
+  double mass_recall = 0;
+  double rel_error = 0;
+  int64_t n = 0;
+  double mean_token_recall() const { return n ? token_recall / double(n) : 0; }
+  double mean_mass_recall() const { return n ? mass_recall / double(n) : 0; }
+  double mean_rel_error() const { return n ? rel_error / double(n) : 0; }
+};
+
+struct PolicyAnalysis {
+  std::string policy;           // as given
+  std::string resolved;         // to_string of the parsed policy
+  std::vector<HeadMetrics> by_head;  // [n_layer, n_head]
+  HeadMetrics total() const;
+  HeadMetrics layer(int l, int n_head) const;
+};
+
+// Metrics of one query for one policy. k, v: [n_visible, n_kv_head, head_dim]
+// exact; q: [n_head, head_dim]; out_dense, out_policy: [n_head, head_dim];
+// sel / oracle: selections over [0, n_visible). Adds into by_head[0..n_head).
+void accumulate_metrics(const KvGeometry& g, const float* q, float scale, const float* k,
+                        int64_t n_visible, const float* out_dense, const float* out_policy,
+                        const Selection& sel, const Selection& oracle, HeadMetrics* by_head);
+
+// The oracle selection: exact per-token scores aggregated as the policy says,
+// top `budget` tokens ∪ sinks ∪ window. k: [n_visible, n_kv_head, head_dim].
+void oracle_selection(const KvGeometry& g, const PolicyConfig& p, int64_t budget,
+                      const float* q, float scale, const float* k, int64_t n_visible,
+                      Selection* out);
+
+class AnalysisKvStore : public KvStore {
+ public:
+  // policies: "P1|P2|…", each a policy string with a sparse index.
+  AnalysisKvStore(const std::string& policies, const KvGeometry& g);
+
+  void append(int layer, const float* k_pre, const float* k, const float* v, int n_tok) override;
+  void attend(int layer, const float* q, int n_tok, float scale, float* out) override;
+  void set_phase(KvPhase phase) override;
+  int64_t n_tokens(int layer) const override { return dense_.n_tokens(layer); }
+  KvMemory memory() const override { return dense_.memory(); }
+  std::string describe() const override;
+
+  const std::vector<PolicyAnalysis>& results() const { return results_; }
+  const std::vector<std::unique_ptr<TieredKvStore>>& stores() const { return stores_; }
+  int64_t n_decode_queries() const { return n_queries_; }
+
+ private:
+  KvGeometry g_;
+  FullKvStore dense_;
+  KvPhase phase_ = KvPhase::prefill;
+  std::vector<std::unique_ptr<TieredKvStore>> stores_;
+  std::vector<PolicyAnalysis> results_;
+  int64_t n_queries_ = 0;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,80 @@
+// KV policies (SPEC "Policies"): what the key index holds, how tokens are
+// stored on the host, how many tokens each KV head attends to in decode.
+//
+// Grammar: PRESET ("," KEY "=" VALUE)*   e.g. "yakv,budget=0.05,local=128"
+//   presets : full | shadowkv | yakv | oracle | landmarks
+//   index   : none | landmarks | exact | shadowkv
+//   chunk   : tokens per landmark (≥ 1)
+//   lm      : landmark precision, a quant spec (ops/quant/quant_format.h:
+//             bf16, fp8, nvfp4, int4:g32, 1bit, higgs2:g128 …) or "residual"
+//             ("residual:meta=SPEC" also sets the meta precision)
+//   meta    : residual landmarks: precision of the meta-landmark (mean of m landmarks)
+//   res     : residual landmarks: precision of the per-landmark residual
+//   m       : residual landmarks: landmarks per meta-landmark
+//   rank    : shadowkv SVD rank: an integer ≥ 1, a fraction of the layer's KV
+//             width in (0, 1) or "P%", or "full"
+//   kv      : host K/V precision (quant spec; f32 for exact CPU reference runs)
+//   keys_prerope : 0|1, host keys stored before RoPE (RoPE applied at gather)
+//   budget  : sparse budget, tokens if ≥ 1, else a fraction of the prompt
+//   sink, local, outliers : always-attended prefix tokens, recent tokens, outlier chunks
+//   gqa     : shadowkv (softmax per query head over chunks, max over the group) | mean
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "kv/kv_store.h"
+
+namespace kvtier {
+
+enum class IndexKind { none, landmarks, exact, shadowkv };
+enum class GqaMode { shadowkv, mean };
+
+struct PolicyConfig {
+  std::string preset = "full";
+  IndexKind index = IndexKind::none;
+  int chunk = 1;
+  std::string lm = "bf16";  // landmark quant spec (index=landmarks|shadowkv)
+  bool residual = false;    // residual landmarks (index=landmarks)
+  std::string res_meta = "higgs4";
+  std::string res = "1bit";
+  int res_m = 8;
+  double rank = 0;  // shadowkv: absolute (integer) or a fraction of the KV width
+  bool rank_fraction = true;
+  std::string kv = "bf16";  // host K/V quant spec
+  bool keys_prerope = false;
+  double budget = 0;  // ≥ 1 tokens, (0, 1) fraction of the prompt
+  int sink = 0;
+  int local = 0;
+  int outliers = 0;  // outlier chunks (shadowkv)
+  GqaMode gqa = GqaMode::shadowkv;
+};
+
+// Throws kvtier::Error naming the offending key/value and the valid values.
+PolicyConfig parse_policy(const std::string& text);
+// The fully resolved policy in the grammar above (parse_policy round-trips it).
+std::string to_string(const PolicyConfig& p);
+
+// Sparse budget in tokens for a prompt of n_prompt tokens (≥ 1 when budget > 0).
+int64_t budget_tokens(const PolicyConfig& p, int64_t n_prompt);
+// ShadowKV rank for a layer KV width of kv_width = n_kv_head * head_dim.
+int resolved_rank(const PolicyConfig& p, int kv_width);
+// The landmark quant spec for a head of head_dim: a HIGGS/uniform group larger
+// than the head is clamped to head_dim (yakv's "group 128 or the head
+// dimension if smaller").
+std::string resolved_lm_spec(const std::string& spec, int head_dim);
+
+// Per-token and context totals of a policy, computed without allocating.
+// GPU tier: key index (landmarks, SVD projection rows, exact keys) and, for
+// `full`, the whole K/V (dense attention reads it resident). Host tier: the
+// full K and V of every layer (tiered policies). Fixed GPU bytes: sink and
+// local windows, outlier chunks, SVD bases (independent of the context).
+struct KvFootprint {
+  double gpu_bytes_per_token = 0;
+  double host_bytes_per_token = 0;
+  int64_t gpu_fixed_bytes = 0;
+  int64_t gpu_bytes = 0;   // for n_ctx tokens, fixed part included
+  int64_t host_bytes = 0;  // for n_ctx tokens
+};
+KvFootprint kv_footprint(const PolicyConfig& p, const KvGeometry& g, int64_t n_ctx);
+
+}  // namespace kvtier

@@ -1,0 +1,169 @@
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/status.h"
+#include "kv/policy.h"
+
+namespace kvtier {
+namespace {
+
+KvGeometry llama31_8b() {
+  KvGeometry g;
+  g.n_layer = 32;
+  g.n_head = 32;
+  g.n_kv_head = 8;
+  g.head_dim = 128;
+  return g;
+}
+
+std::string error_of(const std::string& s) {
+  try {
+    parse_policy(s);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Policy, PresetsResolveToThePaperNumbers) {
+  PolicyConfig s = parse_policy("shadowkv");
+  EXPECT_EQ(s.index, IndexKind::shadowkv);
+  EXPECT_EQ(s.chunk, 8);
+  EXPECT_EQ(resolved_rank(s, 1024), 160);
+  EXPECT_EQ(resolved_rank(s, 192), 30);  // 15.6 % of SmolLM2's 3·64
+  EXPECT_EQ(budget_tokens(s, 131072), 2048);
+  EXPECT_EQ(s.local, 32);
+  EXPECT_EQ(s.outliers, 48);
+  EXPECT_EQ(s.sink, 0);
+  EXPECT_EQ(s.lm, "bf16");
+
+  PolicyConfig y = parse_policy("yakv");
+  EXPECT_EQ(y.index, IndexKind::landmarks);
+  EXPECT_EQ(y.chunk, 1);
+  EXPECT_EQ(budget_tokens(y, 131072), 4096);
+  EXPECT_EQ(y.local, 64);
+  EXPECT_EQ(y.outliers, 0);
+  EXPECT_EQ(y.rank, 0);
+  EXPECT_EQ(y.kv, "higgs4");
+  EXPECT_EQ(resolved_lm_spec(y.lm, 128), "higgs2:g128");
+  EXPECT_EQ(resolved_lm_spec(y.lm, 64), "higgs2:g64");  // head smaller than 128
+
+  PolicyConfig o = parse_policy("oracle");
+  EXPECT_EQ(o.index, IndexKind::exact);
+  EXPECT_EQ(o.chunk, 1);
+  EXPECT_EQ(parse_policy("full").index, IndexKind::none);
+  EXPECT_EQ(parse_policy("full").kv, "bf16");
+}
+
+TEST(Policy, Overrides) {
+  PolicyConfig a = parse_policy("yakv,budget=0.05,local=128");
+  EXPECT_DOUBLE_EQ(a.budget, 0.05);
+  EXPECT_EQ(a.local, 128);
+  EXPECT_EQ(budget_tokens(a, 1000), 50);
+  PolicyConfig b = parse_policy("shadowkv,rank=0.156,budget=2048");
+  EXPECT_EQ(resolved_rank(b, 1024), 160);
+  EXPECT_EQ(budget_tokens(b, 10), 2048);
+  EXPECT_EQ(resolved_rank(parse_policy("shadowkv,rank=160"), 1024), 160);
+  EXPECT_EQ(resolved_rank(parse_policy("shadowkv,rank=1"), 1024), 1);
+  EXPECT_EQ(resolved_rank(parse_policy("shadowkv,rank=full"), 1024), 1024);
+  EXPECT_EQ(resolved_rank(parse_policy("shadowkv,rank=50%"), 1024), 512);
+  EXPECT_EQ(parse_policy("full,kv=f32").kv, "f32");
+  EXPECT_EQ(budget_tokens(parse_policy("oracle,budget=512"), 100000), 512);
+  PolicyConfig c = parse_policy("landmarks,chunk=1,lm=higgs2:g64,budget=0.03125");
+  EXPECT_EQ(c.chunk, 1);
+  EXPECT_EQ(c.lm, "higgs2:g64");
+  PolicyConfig r = parse_policy("yakv,lm=residual:meta=higgs4,res=1bit,m=8");
+  EXPECT_TRUE(r.residual);
+  EXPECT_EQ(r.res_m, 8);
+  EXPECT_EQ(r.res_meta, "higgs4");
+  EXPECT_EQ(r.res, "1bit");
+  EXPECT_EQ(parse_policy("yakv,gqa=mean").gqa, GqaMode::mean);
+  EXPECT_TRUE(parse_policy("yakv,keys_prerope=1").keys_prerope);
+  EXPECT_EQ(parse_policy("yakv,kv=fp8").kv, "fp8");
+  EXPECT_EQ(parse_policy("yakv,index=exact").chunk, 1);
+}
+
+TEST(Policy, RoundTripsThroughToString) {
+  for (const char* s :
+       {"full", "full,kv=f32", "shadowkv", "shadowkv,rank=160", "yakv", "oracle",
+        "landmarks,chunk=4,lm=int4:g32", "yakv,lm=residual,meta=higgs4,res=1bit,m=4",
+        "yakv,gqa=mean,sink=4,keys_prerope=1", "oracle,budget=512"}) {
+    PolicyConfig p = parse_policy(s);
+    std::string t = to_string(p);
+    EXPECT_EQ(to_string(parse_policy(t)), t) << s;
+  }
+}
+
+TEST(Policy, ErrorsNameTheKeyAndTheValidValues) {
+  EXPECT_NE(error_of("fast").find("full, shadowkv, yakv, oracle"), std::string::npos);
+  EXPECT_NE(error_of("yakv,colour=red").find("colour"), std::string::npos);
+  EXPECT_NE(error_of("yakv,colour=red").find("budget"), std::string::npos);  // lists keys
+  EXPECT_NE(error_of("yakv,budget=-1").find("budget=-1"), std::string::npos);
+  EXPECT_NE(error_of("yakv,budget=abc").find("budget"), std::string::npos);
+  EXPECT_NE(error_of("yakv,budget=2.5").find("budget"), std::string::npos);
+  EXPECT_NE(error_of("yakv,chunk=0").find("chunk"), std::string::npos);
+  EXPECT_NE(error_of("yakv,gqa=min").find("shadowkv, mean"), std::string::npos);
+  EXPECT_NE(error_of("yakv,index=svd").find("none, landmarks, exact, shadowkv"),
+            std::string::npos);
+  EXPECT_NE(error_of("yakv,kv=int9").find("kv=int9"), std::string::npos);
+  EXPECT_NE(error_of("yakv,lm=banana").find("lm=banana"), std::string::npos);
+  EXPECT_NE(error_of("yakv,local").find("key=value"), std::string::npos);
+  EXPECT_NE(error_of("yakv,local=1,local=2").find("twice"), std::string::npos);
+  // contradictions
+  EXPECT_NE(error_of("yakv,rank=160").find("rank"), std::string::npos);
+  EXPECT_NE(error_of("landmarks,outliers=4").find("outliers"), std::string::npos);
+  EXPECT_NE(error_of("full,budget=0.1").find("budget"), std::string::npos);
+  EXPECT_NE(error_of("oracle,chunk=8").find("chunk"), std::string::npos);
+  EXPECT_NE(error_of("yakv,m=8").find("lm=residual"), std::string::npos);
+  EXPECT_NE(error_of("shadowkv,lm=residual").find("index=landmarks"), std::string::npos);
+  EXPECT_NE(error_of("shadowkv,keys_prerope=1").find("keys_prerope"), std::string::npos);
+  EXPECT_NE(error_of("shadowkv,rank=0").find("rank"), std::string::npos);
+  EXPECT_NE(error_of("shadowkv,rank=2.5").find("rank"), std::string::npos);
+  EXPECT_NE(error_of("").find("preset"), std::string::npos);
+  EXPECT_THROW(resolved_rank(parse_policy("shadowkv,rank=2000"), 1024), Error);
+}
+
+TEST(Accounting, Llama31_8BMatchesSpecArithmetic) {
+  const KvGeometry g = llama31_8b();
+  const int64_t ctx = 131072;
+  // full bf16: K and V, 8 heads × 128 × 2 B, 32 layers = 128 KiB per token.
+  KvFootprint full = kv_footprint(parse_policy("full"), g, ctx);
+  EXPECT_EQ(full.gpu_bytes_per_token, 131072);
+  EXPECT_EQ(full.host_bytes_per_token, 0);
+  EXPECT_EQ(full.gpu_bytes, int64_t(131072) * ctx);  // 16 GiB at 128K
+  EXPECT_EQ(kv_footprint(parse_policy("full,kv=fp8"), g, ctx).gpu_bytes_per_token, 65536);
+  EXPECT_EQ(kv_footprint(parse_policy("full,kv=f32"), g, ctx).gpu_bytes_per_token, 262144);
+
+  // yakv: 2-bit landmarks (128·2/8 = 32 B) + one bf16 scale per head per token:
+  // 34 B × 8 heads × 32 layers = 8704 B ≈ 8.5 KiB per token.
+  KvFootprint y = kv_footprint(parse_policy("yakv"), g, ctx);
+  EXPECT_EQ(y.gpu_bytes_per_token, 8704);
+  // host: HIGGS-4 over the layer's 1024 dims: 512 B codes + 2 B scale, K and V.
+  EXPECT_EQ(y.host_bytes_per_token, (512 + 2) * 2 * 32);
+  EXPECT_EQ(kv_footprint(parse_policy("yakv,kv=fp8"), g, ctx).host_bytes_per_token, 65536);
+  // Local window: 64 tokens of bf16 K and V resident.
+  EXPECT_EQ(y.gpu_fixed_bytes, int64_t(64) * 4096 * 32);
+
+  // bf16 chunk-8 landmarks: 128·2/8 = 32 B per head per token — SPEC: the same
+  // order of GPU memory as 2-bit per-token landmarks (8192 vs 8704).
+  EXPECT_EQ(kv_footprint(parse_policy("landmarks,chunk=8"), g, ctx).gpu_bytes_per_token, 8192);
+
+  // shadowkv: U·S rows 160 × bf16 + bf16 chunk-8 landmarks, per layer.
+  KvFootprint s = kv_footprint(parse_policy("shadowkv"), g, ctx);
+  EXPECT_EQ(s.gpu_bytes_per_token, (160 * 2 + 256) * 32);
+  EXPECT_EQ(s.host_bytes_per_token, 65536);  // values only, bf16
+  // fixed: Vᵀ [160, 1024] bf16 + 48·8 outlier tokens K/V bf16 + 32 local tokens, per layer
+  EXPECT_EQ(s.gpu_fixed_bytes, (int64_t(160) * 1024 * 2 + 48 * 8 * 4096 + 32 * 4096) * 32);
+
+  // oracle: exact keys in bf16 on the GPU.
+  EXPECT_EQ(kv_footprint(parse_policy("oracle"), g, ctx).gpu_bytes_per_token, 65536);
+
+  // residual: per landmark a 1-bit residual (16 B codes + bf16 min/step) and
+  // 1/8 of a HIGGS-4 meta-landmark (64 B + 2 B): (20 + 66/8) B × 8 × 32.
+  KvFootprint r = kv_footprint(parse_policy("yakv,lm=residual,meta=higgs4,res=1bit,m=8"), g, ctx);
+  EXPECT_DOUBLE_EQ(r.gpu_bytes_per_token, (20 + 66.0 / 8) * 8 * 32);
+}
+
+}  // namespace
+}  // namespace kvtier

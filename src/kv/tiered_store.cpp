@@ -1,0 +1,314 @@
+#include "kv/tiered_store.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/half.h"
+#include "core/status.h"
+#include "ops/attention/attention.h"
+
+namespace kvtier {
+namespace {
+
+void check_geometry(const KvGeometry& g) {
+  KVT_CHECK(g.n_layer > 0 && g.n_head > 0 && g.n_kv_head > 0 && g.head_dim > 0 &&
+                g.n_head % g.n_kv_head == 0,
+            "kv store: geometry n_layer={} n_head={} n_kv_head={} head_dim={} is not valid "
+            "(positive, n_head a multiple of n_kv_head)",
+            g.n_layer, g.n_head, g.n_kv_head, g.head_dim);
+}
+
+const KvGeometry& checked(const KvGeometry& g) {
+  check_geometry(g);
+  return g;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- tiered
+
+TieredKvStore::TieredKvStore(const PolicyConfig& p, const KvGeometry& g)
+    : p_(p), g_(checked(g)), width_(g.n_kv_head * g.head_dim),
+      host_(g.n_layer, g.n_kv_head, g.head_dim, p.kv, p.keys_prerope, g.apply_rope),
+      index_(p, g) {
+  const int L = g.n_layer;
+  n_tok_.assign(L, 0);
+  dense_k_.resize(L);
+  dense_v_.resize(L);
+  sink_k_.resize(L);
+  sink_v_.resize(L);
+  ring_k_.assign(L, std::vector<float>(size_t(p.local) * width_));
+  ring_v_.assign(L, std::vector<float>(size_t(p.local) * width_));
+  out_k_.resize(L);
+  out_v_.resize(L);
+  outliers_.assign(L, std::vector<std::vector<int64_t>>(g.n_kv_head));
+}
+
+void TieredKvStore::round_resident(float* x, int64_t n) const {
+  // Resident rows are bf16 on the GPU; kv=f32 keeps them exact for reference runs.
+  if (p_.kv == "f32") return;
+  for (int64_t i = 0; i < n; ++i) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
+}
+
+void TieredKvStore::append(int layer, const float* k_pre, const float* k, const float* v,
+                           int n_tok) {
+  KVT_CHECK(layer >= 0 && layer < g_.n_layer, "kv store: layer {} outside [0, {})", layer,
+            g_.n_layer);
+  KVT_CHECK(n_tok >= 0, "kv store: n_tok {} < 0", n_tok);
+  const int64_t n0 = n_tok_[layer];
+  const int64_t w = width_;
+  // shadowkv keeps no host keys for the prompt: its SVD rebuilds them.
+  const bool host_keys = !(p_.index == IndexKind::shadowkv && phase_ == KvPhase::prefill);
+  host_.append(layer, k_pre, k, v, n_tok, host_keys);
+  index_.append(layer, k_pre, k, n_tok);
+  if (phase_ == KvPhase::prefill) {
+    dense_k_[layer].insert(dense_k_[layer].end(), k, k + n_tok * w);
+    dense_v_[layer].insert(dense_v_[layer].end(), v, v + n_tok * w);
+  }
+  for (int i = 0; i < n_tok; ++i) {
+    const int64_t pos = n0 + i;
+    if (pos < p_.sink) {
+      sink_k_[layer].insert(sink_k_[layer].end(), k + i * w, k + (i + 1) * w);
+      sink_v_[layer].insert(sink_v_[layer].end(), v + i * w, v + (i + 1) * w);
+      round_resident(sink_k_[layer].data() + pos * w, w);
+      round_resident(sink_v_[layer].data() + pos * w, w);
+    }
+    if (p_.local > 0) {
+      float* rk = ring_k_[layer].data() + (pos % p_.local) * w;
+      float* rv = ring_v_[layer].data() + (pos % p_.local) * w;
+      std::copy(k + i * w, k + (i + 1) * w, rk);
+      std::copy(v + i * w, v + (i + 1) * w, rv);
+      round_resident(rk, w);
+      round_resident(rv, w);
+    }
+  }
+  n_tok_[layer] += n_tok;
+}
+
+void TieredKvStore::set_phase(KvPhase phase) {
+  if (phase == phase_) return;
+  KVT_CHECK(phase == KvPhase::decode, "kv store: cannot return to prefill after decode");
+  n_prompt_ = n_tok_[0];
+  for (int l = 1; l < g_.n_layer; ++l)
+    KVT_CHECK(n_tok_[l] == n_prompt_, "kv store: layer {} holds {} tokens, layer 0 holds {}", l,
+              n_tok_[l], n_prompt_);
+  budget_ = budget_tokens(p_, n_prompt_);
+  index_.finish_prompt();
+  if (p_.index == IndexKind::shadowkv) {
+    const int H = g_.n_kv_head, D = g_.head_dim, c = index_.chunk();
+    for (int l = 0; l < g_.n_layer; ++l) {
+      out_k_[l].resize(H);
+      out_v_[l].resize(H);
+      for (int h = 0; h < H; ++h) {
+        outliers_[l][h] = index_.outliers(l, h);
+        for (int64_t ch : outliers_[l][h])
+          for (int64_t t = ch * c; t < (ch + 1) * c; ++t) {
+            const float* kr = dense_k_[l].data() + (t * H + h) * D;
+            const float* vr = dense_v_[l].data() + (t * H + h) * D;
+            out_k_[l][h].insert(out_k_[l][h].end(), kr, kr + D);
+            out_v_[l][h].insert(out_v_[l][h].end(), vr, vr + D);
+          }
+        round_resident(out_k_[l][h].data(), int64_t(out_k_[l][h].size()));
+        round_resident(out_v_[l][h].data(), int64_t(out_v_[l][h].size()));
+      }
+    }
+  }
+  for (int l = 0; l < g_.n_layer; ++l) {
+    std::vector<float>().swap(dense_k_[l]);
+    std::vector<float>().swap(dense_v_[l]);
+  }
+  phase_ = phase;
+}
+
+bool TieredKvStore::is_resident(int layer, int kv_head, int64_t t) const {
+  if (t < int64_t(sink_k_[layer].size()) / width_) return true;
+  if (p_.local > 0 && t >= n_tok_[layer] - p_.local) return true;
+  const auto& out = outliers_[layer][kv_head];
+  return !out.empty() && std::binary_search(out.begin(), out.end(), t / index_.chunk());
+}
+
+const float* TieredKvStore::resident_row(int layer, int kv_head, int64_t t, bool key) const {
+  const int D = g_.head_dim;
+  const int64_t off = int64_t(kv_head) * D;
+  if (t < int64_t(sink_k_[layer].size()) / width_)
+    return (key ? sink_k_ : sink_v_)[layer].data() + t * width_ + off;
+  if (p_.local > 0 && t >= n_tok_[layer] - p_.local)
+    return (key ? ring_k_ : ring_v_)[layer].data() + (t % p_.local) * width_ + off;
+  const auto& out = outliers_[layer][kv_head];
+  const int c = index_.chunk();
+  const int64_t i = std::lower_bound(out.begin(), out.end(), t / c) - out.begin();
+  const int64_t row = i * c + t % c;
+  return (key ? out_k_ : out_v_)[layer][kv_head].data() + row * D;
+}
+
+void TieredKvStore::attend_one(int layer, const float* q, float scale, int64_t n_visible,
+                               float* out, Selection* sel_out) {
+  const int H = g_.n_kv_head, D = g_.head_dim, QH = g_.n_head;
+  const int c = index_.chunk();
+  // 1. score the key index (chunks fully visible to this query)
+  const int64_t n_chunk = std::min(index_.n_chunks(layer), n_visible / c);
+  std::vector<float> scores(size_t(H) * n_chunk);  // [n_kv_head, n_chunk]
+  index_.score(layer, q, scale, n_chunk, scores.data());
+  // 2. top-k ∪ sinks ∪ window ∪ pending ∪ outliers
+  Selection local_sel;
+  Selection& sel = sel_out ? *sel_out : local_sel;
+  SelectParams sp;
+  sp.n_visible = n_visible;
+  sp.chunk = c;
+  sp.n_chunk = n_chunk;
+  sp.budget = budget_;
+  sp.sink = p_.sink;
+  sp.local = p_.local;
+  select_tokens(sp, H, scores.data(),
+                p_.index == IndexKind::shadowkv ? &outliers_[layer] : nullptr, &sel);
+  // 3. split into resident rows and host rows
+  std::vector<int64_t> res_ptr(H + 1, 0), host_ptr(H + 1, 0);
+  std::vector<int64_t> res_tok, host_tok;  // per head, concatenated
+  for (int h = 0; h < H; ++h) {
+    for (int64_t i = sel.indptr[h]; i < sel.indptr[h + 1]; ++i) {
+      const int64_t t = sel.indices[i];
+      (is_resident(layer, h, t) ? res_tok : host_tok).push_back(t);
+    }
+    res_ptr[h + 1] = int64_t(res_tok.size());
+    host_ptr[h + 1] = int64_t(host_tok.size());
+  }
+  // 4. gather: resident rows are copied; host rows are decoded once per token
+  // (a record spans all KV heads) — keys rebuilt from the SVD where shadowkv has them.
+  std::vector<float> res_k(res_tok.size() * D), res_v(res_tok.size() * D);  // [n_res, head_dim]
+  for (int h = 0; h < H; ++h)
+    for (int64_t i = res_ptr[h]; i < res_ptr[h + 1]; ++i) {
+      const float* kr = resident_row(layer, h, res_tok[i], true);
+      const float* vr = resident_row(layer, h, res_tok[i], false);
+      std::copy(kr, kr + D, res_k.data() + i * D);
+      std::copy(vr, vr + D, res_v.data() + i * D);
+    }
+  std::vector<int64_t> uniq(host_tok);
+  std::sort(uniq.begin(), uniq.end());
+  uniq.erase(std::unique(uniq.begin(), uniq.end()), uniq.end());
+  std::vector<float> uk(uniq.size() * width_), uv(uniq.size() * width_);  // [n_uniq, H, D]
+  const int64_t n_svd = index_.n_svd_tokens(layer);
+  const int64_t split = std::lower_bound(uniq.begin(), uniq.end(), n_svd) - uniq.begin();
+  host_.fetch(layer, uniq.data(), int64_t(uniq.size()), nullptr, uv.data());
+  if (split > 0) index_.reconstruct_keys(layer, uniq.data(), split, uk.data());
+  if (split < int64_t(uniq.size()))
+    host_.fetch(layer, uniq.data() + split, int64_t(uniq.size()) - split,
+                uk.data() + split * width_, nullptr);
+  std::vector<float> host_k(host_tok.size() * D), host_v(host_tok.size() * D);  // [n_host, D]
+  for (int h = 0; h < H; ++h)
+    for (int64_t i = host_ptr[h]; i < host_ptr[h + 1]; ++i) {
+      const int64_t u = std::lower_bound(uniq.begin(), uniq.end(), host_tok[i]) - uniq.begin();
+      std::copy(uk.data() + u * width_ + h * D, uk.data() + u * width_ + (h + 1) * D,
+                host_k.data() + i * D);
+      std::copy(uv.data() + u * width_ + h * D, uv.data() + u * width_ + (h + 1) * D,
+                host_v.data() + i * D);
+    }
+  // 5. attend to each part, merge by log-sum-exp
+  AttentionParams ap;
+  ap.n_head = QH;
+  ap.n_kv_head = H;
+  ap.head_dim = D;
+  ap.scale = scale;
+  std::vector<float> lse_a(QH), lse_b(QH), out_b(size_t(QH) * D);
+  attention_gathered(ap, q, res_k.data(), res_v.data(), res_ptr.data(), out, lse_a.data());
+  attention_gathered(ap, q, host_k.data(), host_v.data(), host_ptr.data(), out_b.data(),
+                     lse_b.data());
+  merge_attention(QH, D, out, lse_a.data(), out_b.data(), lse_b.data());
+  stats_.n_queries += 1;
+  stats_.n_selected += int64_t(sel.indices.size());
+  stats_.n_host_rows += int64_t(uniq.size());
+}
+
+void TieredKvStore::attend(int layer, const float* q, int n_tok, float scale, float* out) {
+  const int64_t n = n_tok_[layer];
+  KVT_CHECK(n_tok >= 1 && n_tok <= n, "kv store: attend to {} queries with {} tokens held",
+            n_tok, n);
+  AttentionParams ap;
+  ap.n_head = g_.n_head;
+  ap.n_kv_head = g_.n_kv_head;
+  ap.head_dim = g_.head_dim;
+  ap.scale = scale;
+  if (phase_ == KvPhase::prefill) {
+    attention_causal(ap, q, n_tok, dense_k_[layer].data(), dense_v_[layer].data(), n, out);
+    return;
+  }
+  const int64_t qstride = int64_t(g_.n_head) * g_.head_dim;
+  for (int i = 0; i < n_tok; ++i)
+    attend_one(layer, q + i * qstride, scale, n - n_tok + i + 1, out + i * qstride, nullptr);
+}
+
+KvMemory TieredKvStore::memory() const {
+  KvFootprint f = kv_footprint(p_, g_, 0);
+  KvMemory m;
+  m.gpu_bytes_per_token = f.gpu_bytes_per_token;
+  m.host_bytes_per_token = f.host_bytes_per_token;
+  int64_t resident_rows = 0;  // bf16 K and V rows of width_ (outliers: of head_dim)
+  for (int l = 0; l < g_.n_layer; ++l) {
+    resident_rows += int64_t(sink_k_[l].size()) / width_ + std::min<int64_t>(p_.local, n_tok_[l]);
+    for (const auto& o : out_k_[l]) resident_rows += int64_t(o.size()) / g_.n_kv_head;
+  }
+  m.gpu_bytes = index_.gpu_bytes() + resident_rows * width_ * 2 * 2;
+  m.host_bytes = host_.bytes();
+  return m;
+}
+
+std::string TieredKvStore::describe() const { return to_string(p_); }
+
+// ---------------------------------------------------------------- full
+
+FullKvStore::FullKvStore(const PolicyConfig& p, const KvGeometry& g)
+    : p_(p), g_(checked(g)), spec_(parse_quant_spec(p.kv)) {
+  KVT_CHECK(spec_.kind != QuantKind::nvfp4,
+            "kv policy full: kv=nvfp4 needs a per-tensor scale; use it with a tiered policy");
+  bytes_per_vector(spec_, g.n_kv_head * g.head_dim);  // validates the width
+  n_tok_.assign(g.n_layer, 0);
+  k_.resize(g.n_layer);
+  v_.resize(g.n_layer);
+}
+
+void FullKvStore::append(int layer, const float* k_pre, const float* k, const float* v,
+                         int n_tok) {
+  KVT_CHECK(layer >= 0 && layer < g_.n_layer, "kv store: layer {} outside [0, {})", layer,
+            g_.n_layer);
+  const int w = g_.n_kv_head * g_.head_dim;
+  auto push = [&](std::vector<float>& dst, const float* src) {
+    const size_t old = dst.size();
+    dst.insert(dst.end(), src, src + int64_t(n_tok) * w);
+    if (spec_.kind == QuantKind::f32) return;
+    // Round through the storage format: what attention reads is exactly what
+    // the records hold.
+    scratch_.resize(size_t(n_tok) * bytes_per_vector(spec_, w));
+    quantize(spec_, src, n_tok, w, scratch_.data());
+    dequantize(spec_, scratch_.data(), n_tok, w, dst.data() + old);
+  };
+  push(k_[layer], k);
+  push(v_[layer], v);
+  n_tok_[layer] += n_tok;
+}
+
+void FullKvStore::attend(int layer, const float* q, int n_tok, float scale, float* out) {
+  const int64_t n = n_tok_[layer];
+  KVT_CHECK(n_tok >= 1 && n_tok <= n, "kv store: attend to {} queries with {} tokens held",
+            n_tok, n);
+  AttentionParams ap;
+  ap.n_head = g_.n_head;
+  ap.n_kv_head = g_.n_kv_head;
+  ap.head_dim = g_.head_dim;
+  ap.scale = scale;
+  attention_causal(ap, q, n_tok, k_[layer].data(), v_[layer].data(), n, out);
+}
+
+KvMemory FullKvStore::memory() const {
+  KvFootprint f = kv_footprint(p_, g_, n_tok_[0]);
+  KvMemory m;
+  m.gpu_bytes_per_token = f.gpu_bytes_per_token;
+  m.host_bytes_per_token = f.host_bytes_per_token;
+  m.gpu_bytes = f.gpu_bytes;
+  m.host_bytes = f.host_bytes;
+  return m;
+}
+
+std::string FullKvStore::describe() const { return to_string(p_); }
+
+}  // namespace kvtier

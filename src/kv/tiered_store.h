@@ -1,0 +1,104 @@
+// The tiered KV store: host store (every token's K and V, quantized) + key
+// index + always-resident tokens (sinks, local window, shadowkv outliers).
+// Prefill is dense over the prompt's exact K/V (a working copy, released at
+// set_phase(decode)); each decode query runs the step of STYLE.md:
+//   score the index → top-k ∪ sinks ∪ window ∪ pending → split resident/host
+//   → gather host rows → attend to each part → merge by log-sum-exp.
+// On the CPU "resident" is ordinary memory accounted as the GPU tier; the
+// split and the merge are kept so the CUDA port mirrors this file.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kv/host_store.h"
+#include "kv/key_index.h"
+#include "kv/kv_store.h"
+#include "kv/policy.h"
+#include "kv/selector.h"
+
+namespace kvtier {
+
+struct TieredStats {
+  int64_t n_queries = 0;        // decode queries (per layer)
+  int64_t n_selected = 0;       // selected (kv head, token) rows
+  int64_t n_host_rows = 0;      // rows gathered from the host tier
+  int64_t n_host_bytes = 0;     // bytes of host records read
+};
+
+class TieredKvStore : public KvStore {
+ public:
+  TieredKvStore(const PolicyConfig& p, const KvGeometry& g);
+
+  void append(int layer, const float* k_pre, const float* k, const float* v, int n_tok) override;
+  void attend(int layer, const float* q, int n_tok, float scale, float* out) override;
+  void set_phase(KvPhase phase) override;
+  int64_t n_tokens(int layer) const override { return n_tok_[layer]; }
+  KvMemory memory() const override;
+  std::string describe() const override;
+
+  // One decode query that sees tokens [0, n_visible) of `layer`.
+  // q: [n_head, head_dim] f32, out: [n_head, head_dim] f32; sel (may be null)
+  // receives the selection.
+  void attend_one(int layer, const float* q, float scale, int64_t n_visible, float* out,
+                  Selection* sel);
+
+  const PolicyConfig& config() const { return p_; }
+  int64_t budget() const { return budget_; }    // tokens (set at set_phase(decode))
+  int64_t n_prompt() const { return n_prompt_; }
+  const TieredStats& stats() const { return stats_; }
+  const HostStore& host() const { return host_; }
+
+ private:
+  bool is_resident(int layer, int kv_head, int64_t t) const;
+  // Exact K or V row of a resident token for one kv head: [head_dim] f32.
+  const float* resident_row(int layer, int kv_head, int64_t t, bool key) const;
+  void round_resident(float* x, int64_t n) const;
+
+  PolicyConfig p_;
+  KvGeometry g_;
+  int width_;
+  HostStore host_;
+  KeyIndex index_;
+  KvPhase phase_ = KvPhase::prefill;
+  int64_t n_prompt_ = 0;
+  int64_t budget_ = 0;
+  std::vector<int64_t> n_tok_;                      // per layer
+  std::vector<std::vector<float>> dense_k_, dense_v_;  // prefill: [n_tok, width] f32
+  std::vector<std::vector<float>> sink_k_, sink_v_;    // [≤ sink, width]
+  std::vector<std::vector<float>> ring_k_, ring_v_;    // [local, width], row = pos % local
+  // shadowkv outliers: per layer per kv head, rows [n_outlier_chunks·chunk, head_dim]
+  std::vector<std::vector<std::vector<float>>> out_k_, out_v_;
+  std::vector<std::vector<std::vector<int64_t>>> outliers_;  // [layer][kv_head] chunk ids
+  TieredStats stats_;
+};
+
+// The `full` policy: dense attention over every token, K/V held at the
+// policy's precision (kv=bf16 by default, f32 for exact reference runs). The
+// CPU keeps the dequantized rows (bit-identical to decoding the records).
+class FullKvStore : public KvStore {
+ public:
+  FullKvStore(const PolicyConfig& p, const KvGeometry& g);
+  void append(int layer, const float* k_pre, const float* k, const float* v, int n_tok) override;
+  void attend(int layer, const float* q, int n_tok, float scale, float* out) override;
+  void set_phase(KvPhase phase) override { phase_ = phase; }
+  int64_t n_tokens(int layer) const override { return n_tok_[layer]; }
+  KvMemory memory() const override;
+  std::string describe() const override;
+
+  // [n_tokens, n_kv_head, head_dim] f32 of `layer` (analysis reads them).
+  const float* keys(int layer) const { return k_[layer].data(); }
+  const float* values(int layer) const { return v_[layer].data(); }
+
+ private:
+  PolicyConfig p_;
+  KvGeometry g_;
+  QuantSpec spec_;
+  KvPhase phase_ = KvPhase::prefill;
+  std::vector<int64_t> n_tok_;
+  std::vector<std::vector<float>> k_, v_;  // per layer [n_tok, n_kv_head, head_dim]
+  std::vector<uint8_t> scratch_;
+};
+
+}  // namespace kvtier
