@@ -77,6 +77,22 @@ void quantize_one_cpu(const QuantSpec& s, const float* x, int dim, int64_t vec, 
       }
       return;
     }
+    case QuantKind::binary: {
+      Grouped l = grouped_layout(s, dim);
+      for (int g = 0; g < l.n_group; ++g) {
+        const float* xg = x + int64_t(g) * l.group;
+        KVT_CHECK(all_finite(xg, l.group), "quantize {}: non-finite value in vector {}", to_string(s), vec);
+        uint16_t min_h, step_h;
+        binary_levels(xg, l.group, min_h, step_h);
+        float minv = bf16_to_f32(min_h), step = bf16_to_f32(step_h);
+        BitWriter w{out + size_t(g) * l.code_bytes};
+        for (int i = 0; i < l.group; ++i) w.put(binary_code(xg[i], minv, step), 1);
+        w.flush();
+        store_u16(out + l.meta_offset + 4 * size_t(g), min_h);
+        store_u16(out + l.meta_offset + 4 * size_t(g) + 2, step_h);
+      }
+      return;
+    }
     case QuantKind::uniform: {
       Grouped l = grouped_layout(s, dim);
       const uint32_t levels = (1u << s.bits) - 1;
@@ -136,6 +152,7 @@ void dequantize_one_cpu(const QuantSpec& s, const uint8_t* in, int dim, float* o
         }
       }
       return;
+    case QuantKind::binary:
     case QuantKind::uniform: {
       Grouped l = grouped_layout(s, dim);
       const uint32_t mask = (1u << s.bits) - 1;

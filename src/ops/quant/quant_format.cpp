@@ -40,6 +40,7 @@ const char* kind_name(QuantKind k) {
     case QuantKind::fp8_scaled: return "fp8s";
     case QuantKind::nvfp4: return "nvfp4";
     case QuantKind::uniform: return "int";
+    case QuantKind::binary: return "1bit";
     case QuantKind::higgs: return "higgs";
   }
   return "?";
@@ -73,7 +74,7 @@ QuantSpec parse_quant_spec(const std::string& text) {
   } else if (base == "nvfp4") {
     s.kind = QuantKind::nvfp4, s.bits = 4;
   } else if (base == "1bit") {
-    s.kind = QuantKind::uniform, s.bits = 1;
+    s.kind = QuantKind::binary, s.bits = 1;
   } else if (base.starts_with("int")) {
     int64_t b = 0;
     if (!parse_int(base.substr(3), b) || b < 1 || b > 8)
@@ -119,7 +120,7 @@ QuantSpec parse_quant_spec(const std::string& text) {
         s.sign_seed = uint64_t(v);
       }
     } else if (opt.starts_with("g")) {
-      KVT_CHECK(s.kind == QuantKind::uniform || s.kind == QuantKind::higgs,
+      KVT_CHECK(s.kind == QuantKind::uniform || s.kind == QuantKind::binary || s.kind == QuantKind::higgs,
                 "quant spec \"{}\": option \"{}\": only int/1bit/higgs take a group size", text, opt);
       KVT_CHECK(parse_int(opt.substr(1), v) && v >= 1 && v <= (1 << 20),
                 "quant spec \"{}\": bad group size \"{}\" (expected g<N>, N >= 1)", text, opt);
@@ -143,7 +144,7 @@ QuantSpec parse_quant_spec(const std::string& text) {
 std::string to_string(const QuantSpec& s) {
   std::string out;
   if (s.kind == QuantKind::uniform) {
-    out = s.bits == 1 ? "1bit" : fmt::format("int{}", s.bits);
+    out = fmt::format("int{}", s.bits);
   } else if (s.kind == QuantKind::higgs) {
     out = fmt::format("higgs:EDEN{}-{}", s.grid_dim, s.grid_size);
     for (const HiggsDefault& h : kHiggsDefaults)
@@ -158,7 +159,7 @@ std::string to_string(const QuantSpec& s) {
 }
 
 int resolved_group(const QuantSpec& s, int dim) {
-  if (s.kind == QuantKind::uniform) return s.group ? s.group : dim;
+  if (s.kind == QuantKind::uniform || s.kind == QuantKind::binary) return s.group ? s.group : dim;
   if (s.kind == QuantKind::higgs) {
     if (s.group) return s.group;
     return dim > 0 ? int(int64_t(dim) & -int64_t(dim)) : dim;  // largest power of two dividing dim
@@ -181,6 +182,7 @@ void validate(const QuantSpec& s, int dim) {
                 "quantizer nvfp4: per-tensor scale {} (expected finite > 0)", s.tensor_scale);
       return;
     case QuantKind::uniform:
+    case QuantKind::binary:
       KVT_CHECK(s.bits >= 1 && s.bits <= 8, "quantizer {}: {} bits (expected 1..8)", to_string(s), s.bits);
       KVT_CHECK(dim % g == 0, "quantizer {}: vector dimension {} is not a multiple of the group {}",
                 to_string(s), dim, g);
@@ -211,6 +213,7 @@ size_t bytes_per_vector(const QuantSpec& s, int dim) {
     case QuantKind::fp8_scaled: return n + 4;                  // + f32 scale
     case QuantKind::nvfp4: return n / 2 + n / 16;              // + 4 B per tensor, held outside
     case QuantKind::uniform:                                   // + bf16 min, bf16 step per group
+    case QuantKind::binary:
       return n_group * ((size_t(g) * size_t(s.bits) + 7) / 8 + 4);
     case QuantKind::higgs: {                                   // + bf16 scale per group
       size_t n_sub = size_t(g / s.grid_dim);

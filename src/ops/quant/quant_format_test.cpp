@@ -18,8 +18,8 @@ TEST(QuantFormat, ParseAndCanonicalString) {
   for (const Case& c : {Case{"f32", "f32", QuantKind::f32}, Case{"bf16", "bf16", QuantKind::bf16},
                         Case{"fp8", "fp8", QuantKind::fp8}, Case{"fp8s", "fp8s", QuantKind::fp8_scaled},
                         Case{"nvfp4", "nvfp4", QuantKind::nvfp4}, Case{"int4", "int4", QuantKind::uniform},
-                        Case{"int2:g64", "int2:g64", QuantKind::uniform}, Case{"1bit", "1bit", QuantKind::uniform},
-                        Case{"int1", "1bit", QuantKind::uniform}, Case{"higgs2", "higgs2", QuantKind::higgs},
+                        Case{"int2:g64", "int2:g64", QuantKind::uniform}, Case{"1bit", "1bit", QuantKind::binary},
+                        Case{"1bit:g32", "1bit:g32", QuantKind::binary}, Case{"int1", "int1", QuantKind::uniform}, Case{"higgs2", "higgs2", QuantKind::higgs},
                         Case{"higgs4:g128", "higgs4:g128", QuantKind::higgs},
                         Case{"higgs:EDEN4-256:g128", "higgs2:g128", QuantKind::higgs},
                         Case{"higgs:EDEN8-4096", "higgs:EDEN8-4096", QuantKind::higgs},
@@ -74,7 +74,7 @@ TEST(QuantFormat, BytesPerVector) {
            Case{"fp8s", 128, 132},                          // + f32 scale
            Case{"nvfp4", 128, 64 + 8},                      // E2M1 pairs + E4M3 block scales
            Case{"int8", 128, 128 + 4}, Case{"int4", 128, 64 + 4}, Case{"int2:g64", 128, 2 * (16 + 4)},
-           Case{"1bit", 128, 16 + 4}, Case{"int3:g32", 128, 4 * (12 + 4)},
+           Case{"1bit", 128, 16 + 4}, Case{"int1:g64", 128, 2 * (8 + 4)}, Case{"int3:g32", 128, 4 * (12 + 4)},
            Case{"higgs2:g128", 128, 34},                    // SPEC: 2-bit landmark, one bf16 scale per head
            Case{"higgs2", 128, 34}, Case{"higgs4:g128", 128, 66}, Case{"higgs3:g128", 128, 48 + 2},
            Case{"higgs1:g128", 128, 16 + 2}, Case{"higgs0.5:g128", 128, 8 + 2},

@@ -2,6 +2,7 @@
 // quantizers (quant_ref.cpp, higgs_ref.cpp, quant_cpu.cpp, quant_score_cpu.cpp).
 // The layouts themselves are documented in quant_format.h.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -34,7 +35,7 @@ inline Grouped grouped_layout(const QuantSpec& s, int dim) {
   Grouped l;
   l.group = resolved_group(s, dim);
   l.n_group = dim / l.group;
-  if (s.kind == QuantKind::uniform) {
+  if (s.kind == QuantKind::uniform || s.kind == QuantKind::binary) {
     l.bits = s.bits;
     l.n_code = l.group;
     l.meta_bytes = 4;
@@ -83,5 +84,28 @@ inline uint16_t bf16_round_up(float f) {
   if ((u & 0xffffu) != 0 && !(u >> 31)) ++h;
   return h;
 }
+
+// The two levels of the 1bit quantizer for one group xg [n]: lo/hi = means of
+// the values below / at-or-above the group mean, stored as bf16 min = lo and
+// step = hi − min (RNE). Shared by the reference and fast paths: it is the
+// definition, and it is cheap.
+inline void binary_levels(const float* xg, int n, uint16_t& min_h, uint16_t& step_h) {
+  double mean = 0;
+  for (int i = 0; i < n; ++i) mean += xg[i];
+  mean /= n;
+  double lo = 0, hi = 0;
+  int n_lo = 0;
+  for (int i = 0; i < n; ++i) {
+    if (xg[i] < mean) lo += xg[i], ++n_lo;
+    else hi += xg[i];
+  }
+  lo = n_lo ? lo / n_lo : mean;
+  hi = n_lo < n ? hi / (n - n_lo) : mean;
+  min_h = f32_to_bf16(float(lo));
+  step_h = f32_to_bf16(std::max(0.0f, float(hi) - bf16_to_f32(min_h)));
+}
+
+// 1bit code of x for the stored levels: the nearer one (ties: the lower).
+inline uint32_t binary_code(float x, float minv, float step) { return (x - minv) > 0.5f * step ? 1u : 0u; }
 
 }  // namespace kvtier::quant_layout

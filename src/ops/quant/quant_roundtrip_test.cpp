@@ -31,7 +31,7 @@ TEST(QuantRoundTrip, FastEqualsReferenceBitForBit) {
   const int dim = 128, n_vec = 40;
   std::vector<float> x = test_vectors(n_vec, dim, 1);
   for (const char* text : {"f32", "bf16", "fp8", "fp8s", "nvfp4", "int8", "int4", "int4:g32", "int3:g64",
-                           "int2:g16", "1bit", "int5:g128", "int7:g8"}) {
+                           "int2:g16", "1bit", "1bit:g32", "int1", "int5:g128", "int7:g8"}) {
     QuantSpec spec = parse_quant_spec(text);
     if (spec.kind == QuantKind::nvfp4) spec.tensor_scale = nvfp4_tensor_scale(x.data(), int64_t(x.size()));
     size_t bpv = bytes_per_vector(spec, dim);
@@ -152,11 +152,29 @@ TEST(QuantRoundTrip, UniformErrorWithinHalfStep) {
   for (float v : y) EXPECT_EQ(v, -2.5f);
 }
 
+TEST(QuantRoundTrip, OneBitIsTheTwoMeansQuantizer) {
+  // Gaussian data: levels ±√(2/π)σ, error (1 − 2/π)σ² ≈ 0.363σ²; min/max int1 is far worse.
+  const int dim = 256, n_vec = 400;
+  std::vector<float> x(static_cast<size_t>(n_vec * dim)), y(x.size());
+  gaussian_fill(x.data(), int64_t(x.size()), 8);
+  for (const char* text : {"1bit", "int1"}) {
+    QuantSpec spec = parse_quant_spec(text);
+    std::vector<uint8_t> q(bytes_per_vector(spec, dim) * n_vec);
+    quantize(spec, x.data(), n_vec, dim, q.data());
+    dequantize(spec, q.data(), n_vec, dim, y.data());
+    double err = 0;
+    for (size_t i = 0; i < x.size(); ++i) err += (double(x[i]) - y[i]) * (double(x[i]) - y[i]);
+    err /= double(x.size());
+    if (spec.kind == QuantKind::binary) EXPECT_NEAR(err, 1 - 2 / M_PI, 0.01) << text;
+    else EXPECT_GT(err, 1.0) << text;
+  }
+}
+
 TEST(QuantRoundTrip, NonFiniteInputThrows) {
   std::vector<float> x(64, 1.0f);
   x[17] = std::nanf("");
   std::vector<uint8_t> q(1024);
-  for (const char* text : {"fp8s", "nvfp4", "int4", "higgs2"}) {
+  for (const char* text : {"fp8s", "nvfp4", "int4", "1bit", "higgs2"}) {
     EXPECT_THROW(quantize(parse_quant_spec(text), x.data(), 1, 64, q.data()), Error) << text;
     EXPECT_THROW(quantize_ref(parse_quant_spec(text), x.data(), 1, 64, q.data()), Error) << text;
   }
@@ -167,7 +185,7 @@ TEST(QuantScore, FastMatchesReference) {
   std::vector<float> q = test_vectors(n_q, dim, 9);
   for (int64_t n_vec : {5, 700}) {  // HIGGS: direct path and lookup-table path
     std::vector<float> x = test_vectors(n_vec, dim, 10 + uint64_t(n_vec));
-    for (const char* text : {"f32", "bf16", "fp8", "fp8s", "nvfp4", "int8", "int4:g32", "int2:g64", "1bit",
+    for (const char* text : {"f32", "bf16", "fp8", "fp8s", "nvfp4", "int8", "int4:g32", "int2:g64", "1bit", "int1",
                              "higgs4:g128", "higgs3:g64", "higgs2:g128", "higgs1:g128:rs", "higgs0.5:g32",
                              "higgs:EDEN8-4096:g128", "higgs4:g16"}) {
       QuantSpec spec = parse_quant_spec(text);
