@@ -15,6 +15,27 @@
 
 namespace kvtier {
 
+// Metadata value types (on-disk ids).
+enum class GgufValueType : uint32_t {
+  UINT8 = 0,
+  INT8 = 1,
+  UINT16 = 2,
+  INT16 = 3,
+  UINT32 = 4,
+  INT32 = 5,
+  FLOAT32 = 6,
+  BOOL = 7,
+  STRING = 8,
+  ARRAY = 9,
+  UINT64 = 10,
+  INT64 = 11,
+  FLOAT64 = 12,
+};
+std::string_view gguf_value_type_name(GgufValueType t);
+
+constexpr uint32_t kGgufMagic = 0x46554747;  // "GGUF" little-endian
+constexpr size_t kGgufDefaultAlignment = 32;
+
 struct GgufTensorInfo {
   std::string name;
   GgmlType type;
@@ -50,6 +71,13 @@ class GgufFile {
   std::vector<std::string> get_string_array(std::string_view key) const;
   std::vector<int64_t> get_int_array(std::string_view key) const;
   std::vector<double> get_float_array(std::string_view key) const;
+  // Type of a key (nullopt when missing); for arrays, the element type too.
+  std::optional<GgufValueType> type_of(std::string_view key) const;
+  std::optional<GgufValueType> array_type_of(std::string_view key) const;
+  // Number of elements of an array key (0 when missing or not an array).
+  size_t array_size(std::string_view key) const;
+  // Start of the tensor data section (absolute offset in the file).
+  size_t data_offset() const;
 
   const std::vector<GgufTensorInfo>& tensors() const;
   const GgufTensorInfo* find_tensor(std::string_view name) const;

@@ -1,0 +1,29 @@
+// Hugging Face checkpoint conventions: config.json → ModelConfig, and the
+// mapping between HF tensor names and the canonical (GGUF-style) names.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "model/config.h"
+
+namespace kvtier {
+
+// Fills a ModelConfig from a parsed config.json (`file` is used in messages).
+// Supports model_type llama, mistral (without sliding window), qwen2, qwen3.
+// n_vocab comes from vocab_size. Throws kvtier::Error naming the file and key.
+ModelConfig parse_hf_config(const nlohmann::json& j, const std::string& file);
+
+// End-of-generation token ids from an `eos_token_id` field (int or list of ints);
+// empty when absent or null. Throws when it has another type.
+std::vector<int> parse_eos_token_ids(const nlohmann::json& j, const std::string& file);
+
+// "model.layers.3.self_attn.q_proj.weight" → "blk.3.attn_q.weight"; empty when the
+// name is not one of the canonical weights (the caller keeps it under its HF name).
+std::string hf_to_canonical_name(std::string_view hf);
+// The inverse; empty for names without an HF counterpart (e.g. rope_freqs.weight).
+std::string canonical_to_hf_name(std::string_view canonical);
+
+}  // namespace kvtier
