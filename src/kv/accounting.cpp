@@ -6,6 +6,7 @@
 #include "core/status.h"
 #include "kv/policy.h"
 #include "ops/quant/quant_format.h"
+#include "ops/quant/residual_quant.h"
 
 namespace kvtier {
 
@@ -32,10 +33,11 @@ KvFootprint kv_footprint(const PolicyConfig& p, const KvGeometry& g, int64_t n_c
     if (p.index == IndexKind::exact) {
       index = bf16_row;  // exact keys held in bf16
     } else if (p.index == IndexKind::landmarks && p.residual) {
-      const QuantSpec meta = parse_quant_spec(resolved_lm_spec(p.res_meta, g.head_dim));
-      const QuantSpec res = parse_quant_spec(resolved_lm_spec(p.res, g.head_dim));
-      double per_landmark = double(bytes_per_vector(res, g.head_dim)) +
-                            double(bytes_per_vector(meta, g.head_dim)) / p.res_m;
+      ResidualSpec rs;
+      rs.meta = parse_quant_spec(resolved_lm_spec(p.res_meta, g.head_dim));
+      rs.resid = parse_quant_spec(resolved_lm_spec(p.res, g.head_dim));
+      rs.group = p.res_m;
+      const double per_landmark = residual_bytes_per_vector(rs, g.head_dim);
       index = per_landmark * g.n_kv_head / p.chunk;
     } else {
       const QuantSpec lm = parse_quant_spec(resolved_lm_spec(p.lm, g.head_dim));

@@ -9,6 +9,7 @@
 #include "core/half.h"
 #include "core/status.h"
 #include "kv/selector.h"
+#include "ops/quant/residual_quant.h"
 
 // LAPACK (shipped inside OpenBLAS; Debian installs no lapacke.h for it).
 extern "C" void dsyev_(const char* jobz, const char* uplo, const int* n, double* a, const int* lda,
@@ -87,11 +88,11 @@ KeyIndex::KeyIndex(const PolicyConfig& p, const KvGeometry& g) : p_(p), g_(g) {
   n_appended_.assign(L, 0);
   mirror_.resize(L);
   if (p.index == IndexKind::landmarks || p.index == IndexKind::shadowkv) {
-    const std::string lm = resolved_lm_spec(p.residual ? p.res : p.lm, g.head_dim);
-    for (int l = 0; l < L; ++l) lm_codes_.emplace_back(lm, g.head_dim);
     if (p.residual) {
-      const std::string meta = resolved_lm_spec(p.res_meta, g.head_dim);
-      for (int l = 0; l < L; ++l) meta_codes_.emplace_back(meta, g.head_dim);
+      res_codes_.resize(L);
+    } else {
+      const std::string lm = resolved_lm_spec(p.lm, g.head_dim);
+      for (int l = 0; l < L; ++l) lm_codes_.emplace_back(lm, g.head_dim);
     }
   }
   outliers_.assign(L, std::vector<std::vector<int64_t>>(g.n_kv_head));
@@ -143,27 +144,28 @@ void KeyIndex::index_units(int layer) {
     lm_codes_[layer].append(lm.data(), n_new_chunks * H);
     lm_codes_[layer].decode(lm_codes_[layer].size() - n_new_chunks * H, n_new_chunks * H, mir);
   } else {
-    // Residual landmarks: meta = mean of m landmarks per head, quantized; the
-    // residual landmark − dequant(meta) quantized per landmark.
+    // Residual landmarks (ops/quant/residual_quant.h): per KV head, m
+    // consecutive landmarks share a quantized meta-landmark (their mean) and
+    // each keeps a quantized residual against the dequantized meta.
     const int m = p_.res_m;
-    std::vector<float> meta(size_t(n_units) * width, 0.0f);  // [n_units, H, D]
+    ResidualSpec rs;
+    rs.meta = parse_quant_spec(resolved_lm_spec(p_.res_meta, D));
+    rs.resid = parse_quant_spec(resolved_lm_spec(p_.res, D));
+    rs.group = m;
+    const size_t meta_b = bytes_per_vector(rs.meta, D), res_b = bytes_per_vector(rs.resid, D);
+    std::vector<float> x(size_t(m) * D), rec(size_t(m) * D);  // [m, head_dim]
+    std::vector<uint8_t> meta_code(meta_b), res_code(size_t(m) * res_b);
     for (int64_t u = 0; u < n_units; ++u)
-      for (int j = 0; j < m; ++j)
-        for (int64_t i = 0; i < width; ++i)
-          meta[u * width + i] += lm[(u * m + j) * width + i] / float(m);
-    CodedRows& mc = meta_codes_[layer];
-    mc.append(meta.data(), n_units * H);
-    mc.decode(mc.size() - n_units * H, n_units * H, meta.data());
-    std::vector<float> res(lm.size());
-    for (int64_t c = 0; c < n_new_chunks; ++c)
-      for (int64_t i = 0; i < width; ++i)
-        res[c * width + i] = lm[c * width + i] - meta[(c / m) * width + i];
-    CodedRows& rc = lm_codes_[layer];
-    rc.append(res.data(), n_new_chunks * H);
-    rc.decode(rc.size() - n_new_chunks * H, n_new_chunks * H, res.data());
-    for (int64_t c = 0; c < n_new_chunks; ++c)
-      for (int64_t i = 0; i < width; ++i)
-        mir[c * width + i] = meta[(c / m) * width + i] + res[c * width + i];
+      for (int h = 0; h < H; ++h) {
+        for (int j = 0; j < m; ++j)
+          std::copy_n(lm.data() + (u * m + j) * width + h * D, D, x.data() + j * D);
+        quantize_residual(rs, x.data(), m, D, meta_code.data(), res_code.data());
+        dequantize_residual(rs, meta_code.data(), res_code.data(), m, D, rec.data());
+        res_codes_[layer].insert(res_codes_[layer].end(), meta_code.begin(), meta_code.end());
+        res_codes_[layer].insert(res_codes_[layer].end(), res_code.begin(), res_code.end());
+        for (int j = 0; j < m; ++j)
+          std::copy_n(rec.data() + j * D, D, mir + (u * m + j) * width + h * D);
+      }
   }
   n_chunks_[layer] += n_new_chunks;
   pend.erase(pend.begin(), pend.begin() + n_units * unit_ * width);
@@ -249,7 +251,7 @@ void KeyIndex::reconstruct_keys(int layer, const int64_t* tok, int64_t n, float*
 int64_t KeyIndex::gpu_bytes() const {
   int64_t b = 0;
   for (const CodedRows& c : lm_codes_) b += c.bytes();
-  for (const CodedRows& c : meta_codes_) b += c.bytes();
+  for (const auto& c : res_codes_) b += int64_t(c.size());
   if (p_.index == IndexKind::exact)
     for (const auto& m : mirror_) b += int64_t(m.size()) * 2;  // exact keys, bf16 on the GPU
   for (const KeySvd& s : svd_) b += int64_t(s.basis.size() + s.proj.size()) * 2;

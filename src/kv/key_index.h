@@ -77,7 +77,8 @@ class KeyIndex {
   std::vector<std::vector<float>> pending_;   // per layer [n, n_kv_head, head_dim] post-RoPE
   std::vector<int64_t> n_appended_;           // per layer
   std::vector<CodedRows> lm_codes_;           // per layer, rows [chunk, kv_head] of head_dim
-  std::vector<CodedRows> meta_codes_;         // residual: rows [group, kv_head]
+  // residual: per layer, per (unit, kv head) one meta record then m residual records
+  std::vector<std::vector<uint8_t>> res_codes_;
   std::vector<std::vector<float>> mirror_;    // per layer [n_chunk, n_kv_head, head_dim] f32
   // shadowkv
   std::vector<std::vector<float>> prompt_pre_;   // per layer [n_prompt, width] f32 (until finish)
