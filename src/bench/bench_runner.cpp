@@ -1,0 +1,163 @@
+#include "bench/bench_runner.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "bench/bench_text.h"
+#include "bench/jsonl.h"
+#include "core/status.h"
+
+namespace kvtier::bench {
+
+using nlohmann::json;
+
+std::string record_key(const json& r) {
+  return fmt::format("{}\x1f{}\x1f{}\x1f{}", r.value("task", ""), r.value("id", ""), r.value("policy", ""),
+                     r.value("ctx", int64_t{0}));
+}
+
+std::vector<json> read_bench_records(const std::string& path) {
+  std::vector<json> out;
+  if (!std::filesystem::exists(path)) return out;
+  std::string text = read_text_file(path);
+  // An interrupted run may leave a partial last line: drop it (it is redone).
+  if (!text.empty() && text.back() != '\n') {
+    const size_t nl = text.rfind('\n');
+    text.resize(nl == std::string::npos ? 0 : nl + 1);
+    fmt::print(stderr, "bench: ignoring the incomplete last line of {}\n", path);
+  }
+  for (auto& rec : parse_jsonl(text, path)) {
+    for (const char* f : {"task", "id", "policy"})
+      KVT_CHECK(rec.value.contains(f) && rec.value[f].is_string(), "{}:{}: bench record without string '{}'", path,
+                rec.line, f);
+    KVT_CHECK(rec.value.contains("ctx") && rec.value["ctx"].is_number_integer(),
+              "{}:{}: bench record without integer 'ctx'", path, rec.line);
+    out.push_back(std::move(rec.value));
+  }
+  return out;
+}
+
+namespace {
+
+class ProgressBar {
+ public:
+  ProgressBar(int64_t total, bool enabled) : total_(total), enabled_(enabled), start_(clock::now()) {}
+  void update(int64_t done, const std::string& label) {
+    if (!enabled_ || total_ <= 0) return;
+    const double frac = static_cast<double>(done) / static_cast<double>(total_);
+    const int width = 30;
+    const int filled = static_cast<int>(frac * width);
+    const double elapsed = std::chrono::duration<double>(clock::now() - start_).count();
+    const double eta = done > 0 ? elapsed / static_cast<double>(done) * static_cast<double>(total_ - done) : 0;
+    fmt::print(stderr, "\r[{}{}] {}/{} {:.0f}s eta {:.0f}s {:<40.40}", std::string(size_t(filled), '#'),
+               std::string(size_t(width - filled), '.'), done, total_, elapsed, eta, label);
+    if (done == total_) fmt::print(stderr, "\n");
+  }
+
+ private:
+  using clock = std::chrono::steady_clock;
+  int64_t total_;
+  bool enabled_;
+  clock::time_point start_;
+};
+
+}  // namespace
+
+std::vector<json> run_bench(Engine& engine, const BenchConfig& c) {
+  KVT_CHECK(!c.tasks.empty() && !c.policies.empty(), "bench: need at least one --task and one --kv");
+  KVT_CHECK(!c.output.empty(), "bench: need an output file (-o)");
+  std::vector<json> records = read_bench_records(c.output);
+  std::set<std::string> done;
+  for (const auto& r : records) done.insert(record_key(r));
+
+  TaskSource src;
+  src.data_root = c.data_root;
+  src.text2json_file = c.text2json_file;
+  const Tokenizer& tok = engine.tokenizer();
+  src.count_tokens = [&tok](const std::string& s) { return static_cast<int64_t>(tok.encode(s, false, false).size()); };
+
+  // Tasks whose length is fixed by their data run once, at ctx 0.
+  auto ctx_list = [&](const std::string& task) {
+    const std::string fam = score_family(task);
+    if (task == "text2json" || fam == "longproc") return std::vector<int64_t>{0};
+    KVT_CHECK(!c.ctx.empty(), "bench: task {} needs context lengths (--ctx)", task);
+    return c.ctx;
+  };
+  int64_t total = 0;
+  for (const auto& task : c.tasks) total += static_cast<int64_t>(ctx_list(task).size()) * c.n_samples *
+                                           static_cast<int64_t>(c.policies.size());
+  ProgressBar bar(total, c.progress);
+  int64_t n_done = 0;
+
+  std::ofstream out(c.output, std::ios::app);
+  KVT_CHECK(out.good(), "bench: cannot open '{}' for appending", c.output);
+  for (const auto& task : c.tasks) {
+    const std::string family = score_family(task);
+    for (int64_t ctx : ctx_list(task)) {
+      // Samples are built only when one of them still has work to do.
+      std::vector<BenchSample> samples;
+      bool built = false;
+      for (int64_t i = 0; i < c.n_samples; ++i) {
+        for (const auto& policy : c.policies) {
+          bar.update(n_done, fmt::format("{} {} #{} {}", task, ctx, i, policy));
+          if (!built) {
+            samples = make_samples(task, ctx, c.n_samples, c.seed, src);
+            built = true;
+          }
+          if (i >= static_cast<int64_t>(samples.size())) {
+            ++n_done;
+            continue;
+          }
+          const BenchSample& s = samples[static_cast<size_t>(i)];
+          json probe = {{"task", task}, {"id", s.id}, {"policy", policy}, {"ctx", ctx}};
+          if (done.count(record_key(probe))) {
+            ++n_done;
+            continue;
+          }
+          const std::string text = engine.chat_prompt({{"user", s.prompt}}) + s.answer_prefix;
+          const std::vector<int32_t> prompt = engine.tokenize(text, true);
+          json rec = probe;
+          rec["model"] = engine.model_name();
+          rec["context_tokens"] = static_cast<int64_t>(prompt.size());
+          try {
+            const GenerationResult g = engine.generate(prompt, c.sampling, policy);
+            const SampleScore sc = score_prediction(family, g.text, s.gold);
+            rec["prediction"] = g.text;
+            rec["score"] = 100.0 * sc.score;
+            rec["excluded"] = sc.excluded;
+            rec["details"] = sc.details;
+            rec["gpu_bytes"] = g.kv_memory.gpu_bytes;
+            rec["host_bytes"] = g.kv_memory.host_bytes;
+            rec["gpu_bytes_per_token"] = g.kv_memory.gpu_bytes_per_token;
+            rec["host_bytes_per_token"] = g.kv_memory.host_bytes_per_token;
+            rec["prefill_s"] = g.prefill_seconds;
+            rec["decode_s"] = g.decode_seconds;
+            rec["n_new_tokens"] = static_cast<int64_t>(g.tokens.size());
+            rec["finish_reason"] = g.finish_reason;
+            rec["kv_policy"] = g.kv_policy;
+          } catch (const LimitError& e) {
+            // Too long for this model's context: recorded, scored 0, kept out of the means.
+            rec["error"] = e.what();
+            rec["score"] = 0.0;
+            rec["excluded"] = true;
+          }
+          out << dump_line(rec) << '\n';
+          out.flush();
+          KVT_CHECK(out.good(), "bench: writing '{}' failed", c.output);
+          done.insert(record_key(rec));
+          records.push_back(std::move(rec));
+          ++n_done;
+        }
+      }
+    }
+  }
+  bar.update(total, "done");
+  return records;
+}
+
+}  // namespace kvtier::bench

@@ -1,0 +1,41 @@
+// kvtier bench: task x KV policies x context lengths x samples on one model,
+// greedy decoding, one JSONL record per finished sample (appended and flushed,
+// so that an interrupted run resumes without redoing finished samples).
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "bench/tasks.h"
+#include "kvtier/engine.h"
+
+namespace kvtier::bench {
+
+struct BenchConfig {
+  std::vector<std::string> tasks;
+  std::vector<std::string> policies;  // KV policy strings, as for `kvtier run --kv`
+  std::vector<int64_t> ctx;           // target prompt lengths (tokens of the user message)
+  int64_t n_samples = 5;
+  uint64_t seed = 1;
+  SamplingParams sampling;  // temperature 0 (greedy) and max_new_tokens
+  std::string output;       // JSONL; existing records are kept and skipped
+  std::string data_root;
+  std::string text2json_file;
+  bool progress = true;  // a progress bar on stderr
+};
+
+// Resume key of a record: task, id, policy, ctx.
+std::string record_key(const nlohmann::json& record);
+
+// Records already in `path` (none when it does not exist). A truncated last
+// line (an interrupted write) is ignored; other malformed lines are errors.
+std::vector<nlohmann::json> read_bench_records(const std::string& path);
+
+// Runs every (task, ctx, sample, policy) not yet in the output, appending one
+// record each: task, id, policy, ctx, context_tokens, prediction, score
+// (0-100), excluded, details, gpu/host bytes and bytes per token, prefill and
+// decode seconds, new tokens, finish reason. Returns all records of the output.
+std::vector<nlohmann::json> run_bench(Engine& engine, const BenchConfig& config);
+
+}  // namespace kvtier::bench

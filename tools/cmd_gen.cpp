@@ -1,0 +1,93 @@
+// kvtier gen: writes benchmark samples as JSONL — Text2JSON-style samples in
+// the official {"problem", "answer"} format, MultiNeedle and RULER-style
+// samples with their gold — at a target length in the model's tokens.
+#include <fmt/format.h>
+
+#include <fstream>
+
+#include "bench/jsonl.h"
+#include "bench/tasks.h"
+#include "bench/text2json_gen.h"
+#include "bench/needlebench.h"
+#include "bench_paths.h"
+#include "command.h"
+#include "core/status.h"
+#include "loader/model_source.h"
+#include "options.h"
+
+namespace kvtier::tools {
+namespace {
+
+struct GenArgs {
+  std::string task = "text2json";
+  std::string model = default_model_path();
+  std::string data = default_data_root();
+  std::string output;
+  std::string domain;
+  int64_t tokens = 4096;
+  int64_t n = 10;
+  uint64_t seed = 1;
+};
+
+void gen(const GenArgs& a) {
+  const std::string task = a.task == "text2json" ? "text2json-gen" : a.task;
+  KVT_CHECK(!a.output.empty(), "gen: need an output file (-o)");
+  const ModelSource src = open_model_source(a.model);
+  std::unique_ptr<Tokenizer> tok = src.gguf ? Tokenizer::from_gguf(*src.gguf)
+                                            : Tokenizer::from_hf(src.tokenizer_json, src.tokenizer_config_json);
+  bench::CountTokens count = [&](const std::string& s) { return static_cast<int64_t>(tok->encode(s, false, false).size()); };
+  std::vector<bench::BenchSample> samples;
+  if (task == "text2json-gen" && !a.domain.empty()) {
+    const auto nb = bench::load_needlebench(a.data + "/needlebench");
+    for (int64_t i = 0; i < a.n; ++i) {
+      bench::Text2JsonGenOptions o;
+      o.target_tokens = a.tokens;
+      o.seed = a.seed;
+      o.index = i;
+      o.domain = a.domain;
+      samples.push_back(bench::make_text2json_sample(o, nb.essays, count));
+    }
+  } else {
+    bench::TaskSource ts{a.data, "", count};
+    samples = bench::make_samples(task, a.tokens, a.n, a.seed, ts);
+  }
+  std::ofstream out(a.output);
+  KVT_CHECK(out.good(), "gen: cannot open '{}' for writing", a.output);
+  for (const auto& s : samples) {
+    nlohmann::ordered_json rec;
+    if (s.task == "text2json") {  // the official format, plus id and length
+      rec["problem"] = s.prompt;
+      rec["answer"] = s.gold["answer"];
+    } else {
+      rec["task"] = s.task;
+      rec["prompt"] = s.prompt;
+      rec["answer_prefix"] = s.answer_prefix;
+      for (const auto& [k, v] : s.gold.items()) rec[k] = v;
+    }
+    rec["id"] = s.id;
+    rec["n_tokens"] = s.n_tokens;
+    out << rec.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
+  }
+  KVT_CHECK(out.good(), "gen: writing '{}' failed", a.output);
+  fmt::print(stderr, "gen: wrote {} {} samples to {}\n", samples.size(), task, a.output);
+}
+
+Registration reg(72, [](CLI::App& app) {
+  auto a = std::make_shared<GenArgs>();
+  auto* cmd = app.add_subcommand("gen", "generate benchmark samples (Text2JSON-style, MultiNeedle, RULER) as JSONL");
+  cmd->add_option("--task", a->task,
+                  "text2json | multineedle | niah_single | niah_multikey | niah_multivalue | niah_multiquery | vt "
+                  "| cwe | fwe | longproc-0.5k | longproc-2k")
+      ->capture_default_str();
+  cmd->add_option("--tokens", a->tokens, "target prompt length in the model's tokens")->capture_default_str();
+  cmd->add_option("--n", a->n, "number of samples")->capture_default_str();
+  cmd->add_option("--seed", a->seed, "generation seed")->capture_default_str();
+  cmd->add_option("--domain", a->domain, "text2json: products | medical | organizations | movies (default: by index)");
+  cmd->add_option("-m,--model", a->model, "model whose tokenizer measures the length")->capture_default_str();
+  cmd->add_option("--data", a->data, "benchmark data folder (../shared/data)")->capture_default_str();
+  cmd->add_option("-o,--output", a->output, "output JSONL")->required();
+  cmd->callback([a] { gen(*a); });
+});
+
+}  // namespace
+}  // namespace kvtier::tools
