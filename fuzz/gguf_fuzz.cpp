@@ -18,7 +18,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (type == kvtier::GgufValueType::ARRAY) {
           sink = sink + g->get_string_array(key).size();
         } else {
-          sink = sink + uint64_t(g->get_float(key).value_or(0));
+          sink = sink + (g->get_float(key).value_or(0.0) > 0.0);
         }
       } catch (const kvtier::Error&) {  // type mismatches are expected here
       }
