@@ -179,11 +179,14 @@ void matmul_sgemm(const WeightView& w, const float* x, int64_t n_tok, float* y, 
   thread_local std::vector<float> scratch;  // [slice_rows, n_in] f32
   const int64_t slice_rows = std::max<int64_t>(1, std::min(w.n_out, kSliceFloats / w.n_in));
   scratch.resize(size_t(slice_rows * w.n_in));
+  // The pool's workers must write the caller's buffer: inside the lambda the
+  // name `scratch` would denote each worker's own (empty) thread_local.
+  float* buf = scratch.data();
   for (int64_t r0 = 0; r0 < w.n_out; r0 += slice_rows) {
     const int64_t n_rows = std::min(slice_rows, w.n_out - r0);
     pool.parallel_for(n_rows, 8, [&](int64_t a, int64_t b, int) {
       for (int64_t r = a; r < b; ++r)
-        dequantize_row(w.type, w.row(r0 + r), &scratch[size_t(r * w.n_in)], w.n_in);
+        dequantize_row(w.type, w.row(r0 + r), buf + r * w.n_in, w.n_in);
     });
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n_tok), int(n_rows), int(w.n_in), 1.0f,
                 x, int(w.n_in), scratch.data(), int(w.n_in), 0.0f, y + r0, int(w.n_out));
