@@ -102,9 +102,10 @@ class Engine {
 
   Model& model();
 
+  struct Impl;  // public so that Sequence's state can refer to it
+
  private:
   Engine() = default;
-  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 
