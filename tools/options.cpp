@@ -53,4 +53,11 @@ void add_kv_option(CLI::App& app, std::string& policy) {
       ->capture_default_str();
 }
 
+void add_kv_list_option(CLI::App& app, std::vector<std::string>& policies) {
+  app.add_option("--kv", policies,
+                 "KV policy (repeatable): full | shadowkv | yakv | oracle | landmarks, with "
+                 "overrides (e.g. 'yakv,budget=0.05,local=128'); see README")
+      ->capture_default_str();
+}
+
 }  // namespace kvtier::tools

@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include <string>
+#include <vector>
 
 #include "kvtier/engine.h"
 
@@ -12,6 +13,8 @@ namespace kvtier::tools {
 void add_engine_options(CLI::App& app, EngineOptions& o);
 void add_sampling_options(CLI::App& app, SamplingParams& s);
 void add_kv_option(CLI::App& app, std::string& policy);
+// The same --kv option, repeatable (memory, analyze compare several policies).
+void add_kv_list_option(CLI::App& app, std::vector<std::string>& policies);
 
 // The default model's location (set up by scripts/fetch_default_model.sh).
 std::string default_model_path();

@@ -88,7 +88,15 @@ Model::Model(ModelSource source) : source_(std::move(source)) {
 
 KvGeometry Model::kv_geometry() const {
   const ModelConfig& c = source_.config;
-  return KvGeometry{c.n_layer, c.n_head, c.n_kv_head, c.head_dim};
+  KvGeometry g{c.n_layer, c.n_head, c.n_kv_head, c.head_dim};
+  // Policies that rebuild post-RoPE keys (shadowkv's SVD, keys_prerope) use
+  // the model's own RoPE; the Rope outlives every KV store of this model.
+  const Rope* rope = rope_.get();
+  const int n_kv_head = c.n_kv_head;
+  g.apply_rope = [rope, n_kv_head](float* k, const int64_t* pos, int64_t n) {
+    rope->apply(k, n, n_kv_head, pos);
+  };
+  return g;
 }
 
 ForwardScratch Model::make_scratch(int capacity) const {
