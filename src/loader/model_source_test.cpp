@@ -1,6 +1,7 @@
 #include "loader/model_source.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
