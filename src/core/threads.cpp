@@ -38,7 +38,7 @@ void ThreadPool::worker_loop(int index) {
   for (;;) {
     // Spin a while: calls come in quick succession during a forward pass.
     int spins = 0;
-    while (generation_.load(std::memory_order_acquire) == seen && spins < 20000) {
+    while (generation_.load(std::memory_order_acquire) == seen && spins < 4000) {
 #if defined(__x86_64__)
       _mm_pause();
 #endif
@@ -74,10 +74,16 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
   }
   cv_.notify_all();
   run_share(0);
-  while (pending_.load(std::memory_order_acquire) != 0) {
+  // Spin briefly, then yield: on an oversubscribed machine a worker may be
+  // descheduled, and pure spinning would burn the slice it needs.
+  for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
+    if (spins < 4000) {
 #if defined(__x86_64__)
-    _mm_pause();
+      _mm_pause();
 #endif
+    } else {
+      std::this_thread::yield();
+    }
   }
   fn_ = nullptr;
 }
