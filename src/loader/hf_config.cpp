@@ -53,16 +53,20 @@ bool get_bool(const nlohmann::json& j, const std::string& file, const char* key,
   return v->get<bool>();
 }
 
-void parse_rope_scaling(const nlohmann::json& j, const std::string& file, ModelConfig* c) {
-  const nlohmann::json* rs = field(j, "rope_scaling");
+// `key` is "rope_scaling" (transformers 4) or "rope_parameters" (transformers
+// 5, which also moves rope_theta there).
+void parse_rope_scaling(const nlohmann::json& j, const std::string& file, const char* key,
+                        ModelConfig* c) {
+  const nlohmann::json* rs = field(j, key);
   if (!rs) return;
   if (!rs->is_object())
-    fail("{}: \"rope_scaling\" is {}, expected an object or null", file, rs->type_name());
+    fail("{}: \"{}\" is {}, expected an object or null", file, key, rs->type_name());
+  std::string where = file + ": " + key;
+  if (field(*rs, "rope_theta")) c->rope_theta = float(get_num(*rs, where, "rope_theta", std::nullopt));
   const nlohmann::json* t = field(*rs, "rope_type");
   if (!t) t = field(*rs, "type");
-  if (!t || !t->is_string()) fail("{}: \"rope_scaling\" has no string \"rope_type\"/\"type\"", file);
+  if (!t || !t->is_string()) fail("{}: \"{}\" has no string \"rope_type\"/\"type\"", file, key);
   std::string type = t->get<std::string>();
-  std::string where = file + ": rope_scaling";
   if (type == "default") return;
   if (type == "llama3") {
     c->rope_scaling = RopeScaling::llama3;
@@ -159,7 +163,8 @@ ModelConfig parse_hf_config(const nlohmann::json& j, const std::string& file) {
   c.rms_eps = float(get_num(j, file, "rms_norm_eps", std::nullopt));
   c.rope_theta = float(get_num(j, file, "rope_theta", 10000.0));
   c.rope_interleaved = false;  // HF checkpoints rotate (i, i + head_dim/2)
-  parse_rope_scaling(j, file, &c);
+  parse_rope_scaling(j, file, "rope_scaling", &c);
+  parse_rope_scaling(j, file, "rope_parameters", &c);
   c.tied_embeddings = get_bool(j, file, "tie_word_embeddings", false);
   c.qkv_bias = c.arch == "qwen2" || get_bool(j, file, "attention_bias", false);
   c.qk_norm = c.arch == "qwen3";
