@@ -1,6 +1,6 @@
 // Writes seed corpora for the fuzz targets: small valid files from the test
-// model writer (fuzz/corpus/<target>/). Built and run by the fuzz CMake block:
-//   cmake --build build-fuzz --target fuzz_seeds
+// model writer (fuzz/seeds/<target>/, committed). Rebuild them with:
+//   cmake --build build-fuzz --target fuzz_seeds && build-fuzz/fuzz_seeds fuzz/seeds
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -15,7 +15,7 @@ static void save(const std::filesystem::path& p, const std::vector<uint8_t>& b) 
 }
 
 int main(int argc, char** argv) {
-  std::filesystem::path root = argc > 1 ? argv[1] : "fuzz/corpus";
+  std::filesystem::path root = argc > 1 ? argv[1] : "fuzz/seeds";
   std::vector<float> v(64);
   for (size_t i = 0; i < v.size(); ++i) v[i] = float(i) * 0.125f - 4.0f;
   std::vector<WriterTensor> gt = {make_tensor("a", GgmlType::Q4_1, {2, 32}, v),
