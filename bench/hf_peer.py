@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""HF transformers peer for `kvtier gpu-bench`: the same Llama-3.1-8B shapes with
+random bf16 weights, SDPA attention, its dynamic cache and its offloaded
+cache. Prints one table and writes JSON.
+
+The KV cache of each context is filled with random K/V through the cache's own
+update() (prefilling 128K tokens through the model would take minutes); the
+decode step is then timed with CUDA events (median of --steps), cropping the
+cache back after each step so every step sees the same context.
+
+Run on the GPU machine:  python3 bench/hf_peer.py --json out.json
+"""
+import argparse
+import json
+import time
+
+import torch
+import transformers
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+
+def make_model(layers):
+    cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers,
+                      num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
+                      max_position_embeddings=131072, rope_theta=500000.0,
+                      rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+                      attn_implementation="sdpa", torch_dtype=torch.bfloat16)
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(cfg)
+    torch.set_default_dtype(torch.float32)
+    model.eval()
+    return cfg, model
+
+
+def make_cache(cfg, offloaded):
+    if not offloaded:
+        return DynamicCache(config=cfg), "DynamicCache"
+    try:
+        return DynamicCache(config=cfg, offloading=True), "DynamicCache(offloading=True)"
+    except TypeError:
+        from transformers import OffloadedCache  # older API
+        return OffloadedCache(), "OffloadedCache"
+
+
+def fill_cache(cache, cfg, batch, ctx):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for layer in range(cfg.num_hidden_layers):
+        k = torch.randn(batch, 8, ctx, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+        v = torch.randn(batch, 8, ctx, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+        cache.update(k, v, layer)
+        del k, v
+
+
+@torch.no_grad()
+def decode(model, cfg, batch, ctx, steps, offloaded):
+    cache, kind = make_cache(cfg, offloaded)
+    fill_cache(cache, cfg, batch, ctx)
+    torch.cuda.synchronize()
+    ids = torch.randint(0, cfg.vocab_size, (batch, 1), device="cuda")
+    pos = torch.full((batch, 1), ctx, device="cuda", dtype=torch.long)
+    times = []
+    for i in range(steps + 2):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True)
+        b.record()
+        torch.cuda.synchronize()
+        if i >= 2:
+            times.append(a.elapsed_time(b))
+        cache.crop(ctx)
+    times.sort()
+    mem = torch.cuda.max_memory_allocated() / 1e9
+    del cache
+    return kind, times[len(times) // 2], mem
+
+
+@torch.no_grad()
+def prefill(model, tokens):
+    ids = torch.randint(0, 128256, (1, tokens), device="cuda")
+    model(input_ids=ids, use_cache=False, logits_to_keep=1)
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    model(input_ids=ids, use_cache=False, logits_to_keep=1)
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--prefill", type=int, default=32768)
+    ap.add_argument("--configs", default="dynamic:32768:1,dynamic:131072:1,dynamic:131072:4,offloaded:131072:1",
+                    help="comma list of cache:context:batch")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    out = {"torch": torch.__version__, "transformers": transformers.__version__,
+           "device": torch.cuda.get_device_name(0), "decode": []}
+    t0 = time.time()
+    cfg, model = make_model(args.layers)
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, {out['device']}; "
+          f"model built in {time.time() - t0:.1f} s", flush=True)
+    if args.prefill:
+        ms = prefill(model, args.prefill)
+        out["prefill"] = {"tokens": args.prefill, "ms": ms, "tok_per_s": args.prefill / ms * 1e3}
+        print(f"HF prefill {args.prefill} tokens: {ms:.1f} ms, {args.prefill / ms * 1e3:.0f} tok/s", flush=True)
+    print(f"{'cache':<32} {'ctx':>7} {'batch':>5} {'step ms':>9} {'tok/s':>8} {'peak GB':>8}")
+    for c in args.configs.split(","):
+        kind, ctx, batch = c.split(":")
+        ctx, batch = int(ctx), int(batch)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        row = {"cache": kind, "context": ctx, "batch": batch}
+        try:
+            name, ms, mem = decode(model, cfg, batch, ctx, args.steps if kind == "dynamic" else 3, kind == "offloaded")
+            row.update({"impl": name, "step_ms": ms, "tok_per_s": batch / ms * 1e3, "peak_gpu_gb": mem})
+            print(f"{name:<32} {ctx:>7} {batch:>5} {ms:>9.2f} {batch / ms * 1e3:>8.1f} {mem:>8.1f}", flush=True)
+        except torch.OutOfMemoryError as e:
+            row["error"] = "out of memory"
+            print(f"{kind:<32} {ctx:>7} {batch:>5}  out of memory", flush=True)
+        out["decode"].append(row)
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "backend/cuda_test_util.h"
+
+namespace kvtier::cuda {
+namespace {
+
+TEST(CudaBackend, DeviceSummaryNamesTheDeviceOrWhyNone) {
+  const std::string s = cuda_device_summary();
+  EXPECT_FALSE(s.empty());
+  if (cuda_device_count() == 0) EXPECT_NE(s.find("no CUDA device"), std::string::npos) << s;
+}
+
+TEST(CudaBackend, PinnedRoundTripThroughDeviceAndMappedPointer) {
+  KVT_REQUIRE_GPU();
+  const size_t n = (1 << 20) + 13;
+  PinnedBuffer host(n), back(n);
+  for (size_t i = 0; i < n; ++i) host.host<uint8_t>()[i] = uint8_t(i * 131 + 7);
+  DeviceBuffer dev(n);
+  Stream s;
+  CopyStats stats;
+  copy_h2d_async(dev.data(), host.host(), n, s.get(), &stats);
+  copy_d2h_async(back.host(), dev.data(), n, s.get(), &stats);
+  s.synchronize();
+  EXPECT_EQ(std::memcmp(host.host(), back.host(), n), 0);
+  EXPECT_EQ(stats.h2d_bytes, n);
+  EXPECT_EQ(stats.d2h_bytes, n);
+  EXPECT_EQ(stats.n_copies, 2u);
+  EXPECT_NE(host.device_ptr(), nullptr);
+}
+
+TEST(CudaBackend, EventsTimeForward) {
+  KVT_REQUIRE_GPU();
+  Stream s;
+  Event a, b;
+  DeviceBuffer d(64 << 20);
+  a.record(s.get());
+  fill_random_bytes(d.data(), int64_t(d.bytes()), 1, s.get());
+  b.record(s.get());
+  b.synchronize();
+  EXPECT_GT(b.elapsed_ms_since(a), 0.0f);
+}
+
+TEST(CudaBackend, FillIsReproducibleAndInRange) {
+  KVT_REQUIRE_GPU();
+  const int64_t n = 100003;
+  DeviceBuffer a(n * 2), b(n * 2);
+  fill_uniform_bf16(a.data(), n, 42, -0.5f, 0.5f, nullptr);
+  fill_uniform_bf16(b.data(), n, 42, -0.5f, 0.5f, nullptr);
+  auto ha = testing::to_host<uint16_t>(a, size_t(n)), hb = testing::to_host<uint16_t>(b, size_t(n));
+  EXPECT_EQ(ha, hb);
+  double sum = 0;
+  for (auto x : ha) {
+    float f = bf16_to_f32(x);
+    ASSERT_GE(f, -0.5f);
+    ASSERT_LE(f, 0.5f);
+    sum += f;
+  }
+  EXPECT_LT(std::abs(sum / n), 0.01);
+}
+
+TEST(CudaBackend, HugeAllocationIsALimitErrorNotACrash) {
+  KVT_REQUIRE_GPU();
+  EXPECT_THROW(DeviceBuffer(size_t(1) << 50), LimitError);
+}
+
+}  // namespace
+}  // namespace kvtier::cuda

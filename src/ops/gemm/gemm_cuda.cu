@@ -1,0 +1,85 @@
+#include <cublasLt.h>
+#include <fmt/format.h>
+
+#include <map>
+#include <tuple>
+
+#include "backend/cuda_backend.h"
+#include "ops/gemm/gemm_cuda.h"
+
+namespace kvtier::cuda {
+namespace {
+
+void check_lt(cublasStatus_t st, const char* what) {
+  if (st != CUBLAS_STATUS_SUCCESS) fail("cuBLASLt error {} in {}", int(st), what);
+}
+#define KVT_LT(expr) check_lt((expr), #expr)
+
+constexpr size_t kWorkspace = 64 << 20;
+
+}  // namespace
+
+struct Gemm::Impl {
+  cublasLtHandle_t handle = nullptr;
+  DeviceBuffer workspace{kWorkspace};
+  struct Plan {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>, Plan> plans;
+
+  const Plan& plan(int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ldy) {
+    auto key = std::make_tuple(m, n, k, ldx, ldy);
+    auto it = plans.find(key);
+    if (it != plans.end()) return it->second;
+    // Column-major view: Y^T [n, m] = W [n, k] · X^T [k, m]; W is stored as a
+    // column-major [k, n] matrix (ld k) used transposed; X as [k, m] (ld ldx).
+    Plan p;
+    KVT_LT(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    KVT_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    KVT_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    KVT_LT(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, uint64_t(k), uint64_t(n), k));
+    KVT_LT(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, uint64_t(k), uint64_t(m), ldx));
+    KVT_LT(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_16BF, uint64_t(n), uint64_t(m), ldy));
+    cublasLtMatmulPreference_t pref = nullptr;
+    KVT_LT(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = kWorkspace;
+    KVT_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    cublasLtMatmulHeuristicResult_t res{};
+    int n_res = 0;
+    KVT_LT(cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.c, p.c, pref, 1, &res, &n_res));
+    cublasLtMatmulPreferenceDestroy(pref);
+    KVT_CHECK(n_res > 0, "cuBLASLt: no algorithm for bf16 GEMM m={} n={} k={}", m, n, k);
+    p.algo = res.algo;
+    return plans.emplace(key, p).first->second;
+  }
+
+  ~Impl() {
+    for (auto& [key, p] : plans) {
+      cublasLtMatrixLayoutDestroy(p.a);
+      cublasLtMatrixLayoutDestroy(p.b);
+      cublasLtMatrixLayoutDestroy(p.c);
+      cublasLtMatmulDescDestroy(p.op);
+    }
+    if (handle) cublasLtDestroy(handle);
+  }
+};
+
+Gemm::Gemm() : impl_(std::make_unique<Impl>()) { KVT_LT(cublasLtCreate(&impl_->handle)); }
+Gemm::~Gemm() = default;
+
+void Gemm::run(int64_t m, int64_t n, int64_t k, const void* x, const void* w, void* y, cudaStream_t s, float beta,
+               int64_t ldx, int64_t ldy) {
+  KVT_CHECK(m > 0 && n > 0 && k > 0, "gemm: empty shape m={} n={} k={}", m, n, k);
+  if (ldx == 0) ldx = k;
+  if (ldy == 0) ldy = n;
+  KVT_CHECK(ldx >= k && ldy >= n, "gemm: leading dimensions ldx={} (k={}) ldy={} (n={})", ldx, k, ldy, n);
+  const Impl::Plan& p = impl_->plan(m, n, k, ldx, ldy);
+  const float alpha = 1.f;
+  KVT_LT(cublasLtMatmul(impl_->handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo,
+                        impl_->workspace.data(), kWorkspace, s));
+}
+
+}  // namespace kvtier::cuda

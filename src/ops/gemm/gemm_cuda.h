@@ -1,0 +1,31 @@
+// bf16 GEMM through cuBLASLt: y = x · Wᵀ (the Linear layers), f32
+// accumulation, bf16 out. The algorithm for each shape is chosen once by
+// cuBLASLt's heuristic and cached (plan once, run many).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+
+namespace kvtier::cuda {
+
+class Gemm {
+ public:
+  Gemm();
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  // x: [m, k] bf16 (row stride ldx elements, 0 = k); w: [n, k] bf16;
+  // y: [m, n] bf16 (row stride ldy, 0 = n). beta = 1 accumulates into y.
+  void run(int64_t m, int64_t n, int64_t k, const void* x, const void* w, void* y, cudaStream_t s,
+           float beta = 0.f, int64_t ldx = 0, int64_t ldy = 0);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvtier::cuda

@@ -1,0 +1,36 @@
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "backend/cuda_test_util.h"
+#include "ops/gemm/gemm_cuda.h"
+
+namespace kvtier::cuda {
+namespace {
+using namespace testing;
+
+// Reference: y = x Wᵀ in f64 over the bf16 values.
+TEST(GemmCuda, Bf16MatchesF64ReferenceOnGrid) {
+  KVT_REQUIRE_GPU();
+  std::mt19937 rng(6);
+  Gemm gemm;
+  for (auto [m, n, k] : std::vector<std::tuple<int, int, int>>{{1, 256, 128}, {3, 1000, 576}, {64, 512, 4096}, {129, 96, 64}}) {
+    auto x = random_bf16(size_t(m * k), rng), w = random_bf16(size_t(n * k), rng);
+    std::vector<float> ref(size_t(m * n));
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; ++j) {
+        double acc = 0;
+        for (int c = 0; c < k; ++c) acc += double(bf16_to_f32(x[size_t(i * k + c)])) * bf16_to_f32(w[size_t(j * k + c)]);
+        ref[size_t(i * n + j)] = float(acc);
+      }
+    auto dx = to_device(x), dw = to_device(w);
+    DeviceBuffer dy(size_t(m * n * 2));
+    poison(dy);
+    gemm.run(m, n, k, dx.data(), dw.data(), dy.data(), nullptr);
+    auto y = bf16_to_f32_vec(to_host<uint16_t>(dy, size_t(m * n)));
+    EXPECT_LT(rel_l2(y.data(), ref.data(), y.size()), 1e-2) << m << "x" << n << "x" << k;
+  }
+}
+
+}  // namespace
+}  // namespace kvtier::cuda

@@ -1,0 +1,250 @@
+// Index scoring on the GPU.
+// higgs2: per block, a lookup table lut[q][j][c] = q_rot[4j..4j+3]·grid[c]
+// (n_q × 32 × 256 f32) turns each token's score into 32 shared-memory reads
+// (the asymmetric-distance trick of product quantization); each 256-token tile
+// of 34-byte records is staged through shared memory with 16-byte loads.
+// dense: lanes of a group each own 16 bytes of a record (bf16: 16 lanes,
+// fp8: 8 lanes) and reduce by shuffles.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include "backend/cuda_backend.h"
+#include "ops/index_score/index_score_cuda.h"
+
+namespace kvtier::cuda {
+namespace {
+
+constexpr int kTile = 256;  // tokens per tile = threads per block
+
+template <int NQ>
+__global__ void __launch_bounds__(kTile) higgs2_score_kernel(IndexScoreParams p, const float* __restrict__ q,
+                                                             const uint8_t* __restrict__ index,
+                                                             const float* __restrict__ grid,
+                                                             float* __restrict__ scores) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* lut = reinterpret_cast<float*>(smem);                              // [NQ, 32, 256] f32
+  uint8_t* tile = smem + NQ * 32 * 256 * sizeof(float);                      // [kTile, 34] bytes
+  const int64_t row = blockIdx.y;
+  const float* qr = q + row * NQ * 128;
+  for (int e = threadIdx.x; e < NQ * 8192; e += kTile) {
+    const int qi = e >> 13, j = (e >> 8) & 31, c = e & 255;
+    const float4 g = *reinterpret_cast<const float4*>(grid + 4 * c);
+    const float* qv = qr + qi * 128 + 4 * j;
+    lut[e] = qv[0] * g.x + qv[1] * g.y + qv[2] * g.z + qv[3] * g.w;
+  }
+  const uint8_t* rbase = index + row * p.row_stride + p.tok_offset * kHiggs2RecordBytes;
+  float* out = scores + row * p.n_tok;
+  const int64_t n_tiles = (p.n_tok + kTile - 1) / kTile;
+  for (int64_t tl = blockIdx.x; tl < n_tiles; tl += gridDim.x) {
+    const int64_t t0 = tl * kTile;
+    const int n_in = p.n_tok - t0 < kTile ? int(p.n_tok - t0) : kTile;
+    const uint8_t* src = rbase + t0 * kHiggs2RecordBytes;
+    const int n_bytes = n_in * kHiggs2RecordBytes;
+    __syncthreads();  // previous tile consumed (and the LUT written, first time)
+    if ((reinterpret_cast<uintptr_t>(src) & 15) == 0) {
+      const int n_vec = n_bytes >> 4;
+      for (int i = threadIdx.x; i < n_vec; i += kTile)
+        reinterpret_cast<uint4*>(tile)[i] = __ldg(reinterpret_cast<const uint4*>(src) + i);
+      for (int i = (n_vec << 4) + threadIdx.x; i < n_bytes; i += kTile) tile[i] = src[i];
+    } else {
+      for (int i = threadIdx.x; i < n_bytes; i += kTile) tile[i] = src[i];
+    }
+    __syncthreads();
+    if (threadIdx.x < n_in) {
+      const uint16_t* rec = reinterpret_cast<const uint16_t*>(tile + threadIdx.x * kHiggs2RecordBytes);
+      float acc[NQ];
+#pragma unroll
+      for (int qi = 0; qi < NQ; ++qi) acc[qi] = 0.f;
+#pragma unroll
+      for (int w = 0; w < 16; ++w) {
+        const uint16_t two = rec[w];
+        const int c0 = two & 255, c1 = two >> 8;
+#pragma unroll
+        for (int qi = 0; qi < NQ; ++qi)
+          acc[qi] += lut[(qi * 32 + 2 * w) * 256 + c0] + lut[(qi * 32 + 2 * w + 1) * 256 + c1];
+      }
+      const float scale = __bfloat162float(__ushort_as_bfloat16(rec[16]));
+      float best = acc[0];
+#pragma unroll
+      for (int qi = 1; qi < NQ; ++qi) best = fmaxf(best, acc[qi]);
+      out[t0 + threadIdx.x] = scale * best;
+    }
+  }
+}
+
+__device__ __forceinline__ void unpack16(const uint4& raw, float* v, bool fp8) {
+  if (fp8) {
+    const uint8_t* b = reinterpret_cast<const uint8_t*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      __nv_fp8_e4m3 f;
+      f.__x = b[i];
+      v[i] = float(f);
+    }
+  } else {
+    const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float2 f = __bfloat1622float2(b[i]);
+      v[2 * i] = f.x;
+      v[2 * i + 1] = f.y;
+    }
+  }
+}
+
+// LANES lanes per record, 16 bytes each; EPL elements per lane (8 bf16 / 16 fp8).
+template <bool FP8, int NQ>
+__global__ void __launch_bounds__(256) dense_score_kernel(IndexScoreParams p, const float* __restrict__ q,
+                                                          const uint8_t* __restrict__ index,
+                                                          float* __restrict__ scores) {
+  constexpr int EPL = FP8 ? 16 : 8;
+  constexpr int LANES = 128 / EPL;  // head_dim 128
+  constexpr int RPW = 32 / LANES;   // records per warp per step
+  constexpr int UNROLL = 4;
+  const int64_t row = blockIdx.y;
+  const int lane = threadIdx.x & 31, sub = lane % LANES, grp = lane / LANES;
+  float qv[NQ][EPL];
+#pragma unroll
+  for (int qi = 0; qi < NQ; ++qi)
+#pragma unroll
+    for (int i = 0; i < EPL; ++i) qv[qi][i] = q[(row * NQ + qi) * 128 + sub * EPL + i];
+  const int64_t rec = FP8 ? 128 : 256;
+  const uint8_t* base = index + row * p.row_stride + p.tok_offset * rec;
+  float* out = scores + row * p.n_tok;
+  const int64_t warp_global = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t n_warps = (int64_t(gridDim.x) * blockDim.x) >> 5;
+  for (int64_t t_base = warp_global * RPW * UNROLL; t_base < p.n_tok; t_base += n_warps * RPW * UNROLL) {
+    uint4 raw[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int64_t t = t_base + u * RPW + grp;
+      raw[u] = t < p.n_tok ? __ldg(reinterpret_cast<const uint4*>(base + t * rec) + sub) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      float v[EPL];
+      unpack16(raw[u], v, FP8);
+      float best = -INFINITY;
+#pragma unroll
+      for (int qi = 0; qi < NQ; ++qi) {
+        float s = 0.f;
+#pragma unroll
+        for (int i = 0; i < EPL; ++i) s += qv[qi][i] * v[i];
+#pragma unroll
+        for (int off = LANES / 2; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+        best = fmaxf(best, s);
+      }
+      const int64_t t = t_base + u * RPW + grp;
+      if (sub == 0 && t < p.n_tok) out[t] = best;
+    }
+  }
+}
+
+template <class Kernel>
+int blocks_per_row(Kernel k, int threads, size_t smem, int64_t work_items, int64_t n_rows) {
+  int per_sm = 0;
+  KVT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, threads, smem));
+  const int64_t want = (int64_t(per_sm > 0 ? per_sm : 1) * device_info().n_sm + n_rows - 1) / n_rows;
+  return int(std::max<int64_t>(1, std::min<int64_t>(want, work_items)));
+}
+
+template <int NQ>
+void launch_higgs2(const IndexScoreParams& p, const float* q, const uint8_t* index, const float* grid,
+                   float* scores, cudaStream_t s) {
+  const size_t smem = size_t(NQ) * 32 * 256 * 4 + kTile * kHiggs2RecordBytes;
+  auto k = higgs2_score_kernel<NQ>;
+  KVT_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const int64_t n_rows = int64_t(p.n_seq) * p.n_kv_head;
+  const int64_t n_tiles = (p.n_tok + kTile - 1) / kTile;
+  // At least ~8 tiles per block so that building the LUT stays a small share.
+  int bx = blocks_per_row(k, kTile, smem, n_tiles, n_rows);
+  bx = int(std::max<int64_t>(1, std::min<int64_t>(bx, (n_tiles + 7) / 8 * 2)));
+  k<<<dim3(unsigned(bx), unsigned(n_rows)), kTile, smem, s>>>(p, q, index, grid, scores);
+  KVT_CUDA_LAUNCH_CHECK("higgs2_score_kernel");
+}
+
+template <bool FP8, int NQ>
+void launch_dense(const IndexScoreParams& p, const float* q, const uint8_t* index, float* scores, cudaStream_t s) {
+  auto k = dense_score_kernel<FP8, NQ>;
+  const int64_t n_rows = int64_t(p.n_seq) * p.n_kv_head;
+  const int64_t per_block = (256 / 32) * (32 / (FP8 ? 8 : 16)) * 4;
+  const int bx = blocks_per_row(k, 256, 0, (p.n_tok + per_block - 1) / per_block, n_rows);
+  k<<<dim3(unsigned(bx), unsigned(n_rows)), 256, 0, s>>>(p, q, index, scores);
+  KVT_CUDA_LAUNCH_CHECK("dense_score_kernel");
+}
+
+__global__ void index_query_kernel(const __nv_bfloat16* __restrict__ q, int n_head, int n_kv_head, int group,
+                                   int n_q, bool mean_group, bool rotate, const float* __restrict__ signs,
+                                   float* __restrict__ out) {
+  // one block per (seq, kv head, j); blockDim = head_dim (power of two)
+  extern __shared__ float v[];
+  const int d = threadIdx.x, hd = blockDim.x;
+  const int j = blockIdx.x % n_q;
+  const int g = (blockIdx.x / n_q) % n_kv_head;
+  const int seq = blockIdx.x / (n_q * n_kv_head);
+  const __nv_bfloat16* qs = q + (int64_t(seq) * n_head + g * group) * hd;
+  float acc = 0.f;
+  if (mean_group) {
+    for (int h = 0; h < group; ++h) acc += __bfloat162float(qs[h * hd + d]);
+    acc /= float(group);
+  } else {
+    acc = __bfloat162float(qs[j * hd + d]);
+  }
+  if (rotate && signs) acc *= signs[d];
+  v[d] = acc;
+  if (rotate) {
+    for (int len = 1; len < hd; len <<= 1) {  // Sylvester-order butterflies
+      __syncthreads();
+      const float a = v[d], b = v[d ^ len];
+      __syncthreads();
+      v[d] = (d & len) ? b - a : a + b;
+    }
+    __syncthreads();
+    acc = v[d] * rsqrtf(float(hd));
+  }
+  out[int64_t(blockIdx.x) * hd + d] = acc;
+}
+
+}  // namespace
+
+void index_score(IndexElt elt, const IndexScoreParams& p, const float* q, const uint8_t* index,
+                 const float* grid, float* scores, cudaStream_t s) {
+  KVT_CHECK(p.head_dim == 128, "index_score (CUDA): head_dim {} unsupported (128 only)", p.head_dim);
+  KVT_CHECK(p.n_q >= 1 && p.n_q <= 4 && p.n_q != 3, "index_score (CUDA): n_q {} not 1, 2 or 4", p.n_q);
+  if (p.n_tok <= 0) return;
+  if (elt == IndexElt::higgs2) {
+    KVT_CHECK(grid != nullptr, "index_score: higgs2 needs the EDEN4-256 grid");
+    switch (p.n_q) {
+      case 1: return launch_higgs2<1>(p, q, index, grid, scores, s);
+      case 2: return launch_higgs2<2>(p, q, index, grid, scores, s);
+      default: return launch_higgs2<4>(p, q, index, grid, scores, s);
+    }
+  }
+  const int64_t rec = index_record_bytes(elt, p.head_dim);
+  KVT_CHECK(p.row_stride % 16 == 0 && reinterpret_cast<uintptr_t>(index) % 16 == 0,
+            "index_score: dense index rows must be 16-byte aligned (row_stride {})", p.row_stride);
+  (void)rec;
+  const bool fp8 = elt == IndexElt::fp8;
+  switch (p.n_q * 2 + (fp8 ? 1 : 0)) {
+    case 2: return launch_dense<false, 1>(p, q, index, scores, s);
+    case 3: return launch_dense<true, 1>(p, q, index, scores, s);
+    case 4: return launch_dense<false, 2>(p, q, index, scores, s);
+    case 5: return launch_dense<true, 2>(p, q, index, scores, s);
+    case 8: return launch_dense<false, 4>(p, q, index, scores, s);
+    default: return launch_dense<true, 4>(p, q, index, scores, s);
+  }
+}
+
+void index_query(const void* q_bf16, int n_seq, int n_head, int n_kv_head, int head_dim, bool mean_group,
+                 bool rotate, const float* signs, float* out, cudaStream_t s) {
+  KVT_CHECK(n_kv_head > 0 && n_head % n_kv_head == 0, "index_query: n_head {} not a multiple of n_kv_head {}",
+            n_head, n_kv_head);
+  KVT_CHECK(head_dim >= 2 && head_dim <= 1024 && (head_dim & (head_dim - 1)) == 0,
+            "index_query: head_dim {} must be a power of two <= 1024", head_dim);
+  const int group = n_head / n_kv_head, n_q = mean_group ? 1 : group;
+  index_query_kernel<<<unsigned(n_seq * n_kv_head * n_q), unsigned(head_dim), head_dim * sizeof(float), s>>>(
+      static_cast<const __nv_bfloat16*>(q_bf16), n_head, n_kv_head, group, n_q, mean_group, rotate, signs, out);
+  KVT_CUDA_LAUNCH_CHECK("index_query_kernel");
+}
+
+}  // namespace kvtier::cuda

@@ -1,0 +1,35 @@
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "backend/cuda_test_util.h"
+#include "ops/swiglu/swiglu.h"
+#include "ops/swiglu/swiglu_cuda.h"
+
+namespace kvtier::cuda {
+namespace {
+using namespace testing;
+
+TEST(SwigluCuda, MatchesReference) {
+  KVT_REQUIRE_GPU();
+  std::mt19937 rng(5);
+  const int64_t n = 3;
+  const int ff = 1536;
+  auto gu = random_bf16(size_t(n * 2 * ff), rng, -4.f, 4.f);
+  std::vector<float> g(size_t(n * ff)), u(size_t(n * ff)), ref(size_t(n * ff));
+  for (int64_t r = 0; r < n; ++r)
+    for (int c = 0; c < ff; ++c) {
+      g[size_t(r * ff + c)] = bf16_to_f32(gu[size_t(r * 2 * ff + c)]);
+      u[size_t(r * ff + c)] = bf16_to_f32(gu[size_t(r * 2 * ff + ff + c)]);
+    }
+  swiglu_ref(g.data(), u.data(), n * ff, ref.data());
+  auto dgu = to_device(gu);
+  DeviceBuffer dh(size_t(n * ff * 2));
+  poison(dh);
+  swiglu(dgu.data(), n, ff, dh.data(), nullptr);
+  auto h = bf16_to_f32_vec(to_host<uint16_t>(dh, size_t(n * ff)));
+  EXPECT_LT(rel_l2(h.data(), ref.data(), h.size()), 5e-3);
+}
+
+}  // namespace
+}  // namespace kvtier::cuda
