@@ -18,6 +18,9 @@ Goldens (token ids of scripts/tokenizer_cases.py's strings, with special-token
 parsing on and off):
   tokenizer_smollm2_llamacpp.json from llama.cpp (llama-cpp-python) on the GGUF
   tokenizer_hf_<name>.json        from HF tokenizers on each fixture
+  tokenizer_pre_<pre>_llamacpp.json  from llama.cpp on the GGUF's vocabulary
+                                  with tokenizer.ggml.pre = gpt-2, llama-bpe,
+                                  qwen2 (a vocab-only copy, not kept)
 
 Peers are only needed to run this script:
   pip install llama-cpp-python==0.3.36 tokenizers==0.23.3
@@ -188,6 +191,35 @@ def llama_cpp_golden(model_path):
         "cases": cases}, compact=False)
 
 
+# tokenizer.ggml.pre values checked against llama.cpp on the default GGUF's
+# vocabulary (besides its own "smollm"): a vocab-only copy with `pre` swapped.
+OTHER_PRES = ["gpt-2", "llama-bpe", "qwen2"]
+
+
+def llama_cpp_pre_goldens(model_path):
+    import tempfile
+    import llama_cpp
+    with tempfile.TemporaryDirectory() as tmp:
+        for pre in OTHER_PRES:
+            path = os.path.join(tmp, f"vocab_{pre}.gguf")
+            gguf_meta.write_vocab_only_copy(model_path, path, {"tokenizer.ggml.pre": pre})
+            llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+            cases = []
+            for text in CASES:
+                data = text.encode("utf-8")
+                cases.append({"text": text,
+                              "ids": llm.tokenize(data, add_bos=False, special=True),
+                              "ids_no_special": llm.tokenize(data, add_bos=False, special=False)})
+            del llm
+            write_json(f"tokenizer_pre_{pre}_llamacpp.json", {
+                "peer": f"llama-cpp-python {llama_cpp.__version__}",
+                "model": os.path.relpath(model_path, ROOT),
+                "pre": pre,
+                "note": "the model's vocabulary with tokenizer.ggml.pre replaced; "
+                        "tokenize(text, add_bos=False, special=True/False)",
+                "cases": cases}, compact=False)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=os.path.join(ROOT, "models", "cache", "SmolLM2-135M-Instruct.Q4_1.gguf"))
@@ -199,6 +231,7 @@ def main():
     hf_goldens(paths)
     if not args.skip_llama_cpp:
         llama_cpp_golden(args.model)
+        llama_cpp_pre_goldens(args.model)
 
 
 if __name__ == "__main__":

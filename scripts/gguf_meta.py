@@ -49,3 +49,41 @@ def read_metadata(path):
             vtype = _read(f, "<I")
             meta[key] = _read_value(f, vtype)
         return meta
+
+
+def _kv_spans(f):
+    """Yields (key, start, end) byte spans of every metadata entry."""
+    f.seek(4)
+    _version = _read(f, "<I")
+    _n_tensors = _read(f, "<Q")
+    n_kv = _read(f, "<Q")
+    for _ in range(n_kv):
+        start = f.tell()
+        key = _read_str(f)
+        vtype = _read(f, "<I")
+        _read_value(f, vtype)
+        yield key, start, f.tell()
+
+
+def write_vocab_only_copy(src, dst, overrides):
+    """Writes a GGUF with src's metadata (no tensors), string values replaced or
+    added from `overrides` — enough for llama.cpp's vocab_only loading."""
+    with open(src, "rb") as f:
+        spans = list(_kv_spans(f))
+        f.seek(0)
+        data = f.read(spans[-1][2])
+    body = b""
+    keys = set()
+    for key, start, end in spans:
+        keys.add(key)
+        if key in overrides:
+            continue
+        body += data[start:end]
+    for key, value in overrides.items():
+        kb, vb = key.encode(), value.encode()
+        body += struct.pack("<Q", len(kb)) + kb + struct.pack("<I", 8) + struct.pack("<Q", len(vb)) + vb
+    n_kv = len([k for k in keys if k not in overrides]) + len(overrides)
+    out = b"GGUF" + struct.pack("<I", 3) + struct.pack("<Q", 0) + struct.pack("<Q", n_kv) + body
+    out += b"\0" * ((-len(out)) % 32)
+    with open(dst, "wb") as f:
+        f.write(out)

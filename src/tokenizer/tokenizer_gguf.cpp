@@ -21,7 +21,9 @@ int32_t optional_id(const GgufFile& g, const char* key, int64_t n_vocab) {
 
 }  // namespace
 
-std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& g) {
+std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& g) { return tokenizer_from_gguf(g, {}); }
+
+std::unique_ptr<Tokenizer> tokenizer_from_gguf(const GgufFile& g, std::string_view pre_override) {
   const std::string& file = g.path();
   const std::optional<std::string> model = g.get_string("tokenizer.ggml.model");
   KVT_CHECK(model.has_value(), "{}: missing tokenizer.ggml.model; expected \"gpt2\" (byte-level BPE)", file);
@@ -29,7 +31,8 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& g) {
             "{}: tokenizer.ggml.model is \"{}\"; only \"gpt2\" (byte-level BPE: Llama 3, Qwen2, SmolLM2) is "
             "supported",
             file, *model);
-  const std::optional<std::string> pre = g.get_string("tokenizer.ggml.pre");
+  const std::optional<std::string> pre =
+      pre_override.empty() ? g.get_string("tokenizer.ggml.pre") : std::string(pre_override);
   KVT_CHECK(pre.has_value(), "{}: missing tokenizer.ggml.pre (the pre-tokenizer name, e.g. \"smollm\")", file);
 
   TokenizerSpec spec;

@@ -9,8 +9,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/status.h"
 #include "loader/gguf.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_spec.h"
 
 namespace kvtier {
 namespace {
@@ -95,6 +97,20 @@ TEST(TokenizerGolden, LlamaCppSmolLM2Gguf) {
   EXPECT_TRUE(tok->is_special(1));
   EXPECT_FALSE(tok->is_special(100));
   EXPECT_EQ(tok->chat_template(), ChatTemplate::chatml);
+}
+
+// Other families' pre-tokenizers (llama.cpp's regexes, Llama 3's
+// ignore_merges) over the same vocabulary, against llama.cpp run on a copy of
+// the GGUF with tokenizer.ggml.pre replaced.
+TEST(TokenizerGolden, LlamaCppOtherPreTokenizers) {
+  if (!std::filesystem::exists(k_model)) GTEST_SKIP() << "default model absent: " << k_model;
+  auto gguf = GgufFile::open(k_model);
+  for (const char* pre : {"gpt-2", "llama-bpe", "qwen2"}) {
+    SCOPED_TRACE(pre);
+    auto tok = tokenizer_from_gguf(*gguf, pre);
+    EXPECT_GE(check_golden(*tok, load_json(k_golden + "tokenizer_pre_" + pre + "_llamacpp.json")), 50u);
+  }
+  EXPECT_THROW(tokenizer_from_gguf(*gguf, "mystery-pre"), Error);
 }
 
 // The chat prompts of the greedy golden were rendered by Jinja from the

@@ -221,6 +221,10 @@ std::unique_ptr<Tokenizer> Tokenizer::from_hf_text(std::string_view tokenizer_js
     }
   }
   KVT_CHECK(n > 0, "{}.vocab: empty", mwhere);
+  // Dense ids need at most one id per entry; checked before allocating n slots.
+  KVT_CHECK(n <= int64_t(entries.size() + added.size()),
+            "{}: ids reach {} but there are only {} tokens (ids must be dense in [0, n))", file, n - 1,
+            entries.size() + added.size());
 
   spec.tokens.assign(n, std::string());
   spec.kinds.assign(n, TokenKind::normal);

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -44,5 +45,10 @@ struct TokenizerSpec {
 };
 
 std::unique_ptr<Tokenizer> make_bpe_tokenizer(TokenizerSpec spec);
+
+// Tokenizer::from_gguf with tokenizer.ggml.pre replaced by `pre_override`
+// when it is not empty (tests run other families' pre-tokenizers over the
+// default model's vocabulary this way).
+std::unique_ptr<Tokenizer> tokenizer_from_gguf(const GgufFile& gguf, std::string_view pre_override);
 
 }  // namespace kvtier

@@ -232,7 +232,13 @@ TEST(TokenizerJson, MalformedInputsGiveClearErrors) {
   expect_error([](auto& j) { j["model"]["vocab"] = nlohmann::json::array(); }, "model.vocab: expected an object");
   expect_error([](auto& j) { j["model"]["vocab"]["he"] = "x"; }, "vocab[\"he\"]: expected an integer id");
   expect_error([](auto& j) { j["model"]["vocab"]["he"] = -5; }, "id -5 outside");
-  expect_error([](auto& j) { j["model"]["vocab"]["zz"] = 1000; }, "no token has id 259");
+  expect_error([](auto& j) { j["model"]["vocab"]["zz"] = 1000; }, "ids reach 1000 but there are only 260 tokens");
+  expect_error(
+      [](auto& j) {
+        j["model"]["vocab"]["<|eot|>"] = 258;  // the added token, also in the vocabulary
+        j["model"]["vocab"]["zz"] = 260;
+      },
+      "no token has id 259");
   expect_error([](auto& j) { j["model"]["vocab"]["dup"] = 256; }, "id 256 is given to both");
   expect_error([](auto& j) { j["model"].erase("merges"); }, "model.merges: expected an array");
   expect_error([](auto& j) { j["model"]["merges"] = {"hel"}; }, "merges[0] = \"hel\"");
@@ -240,7 +246,7 @@ TEST(TokenizerJson, MalformedInputsGiveClearErrors) {
   expect_error([](auto& j) { j["model"]["merges"] = {{1, 2}}; }, "merges[0]: expected");
   expect_error([](auto& j) { j["model"]["merges"] = {"q xyz"}; }, "missing from the vocabulary ('xyz')");
   expect_error([](auto& j) { j["model"]["dropout"] = 0.1; }, "dropout");
-  expect_error([](auto& j) { j["model"]["vocab"].erase("a"); }, "no token has id 97");
+  expect_error([](auto& j) { j["model"]["vocab"].erase("a"); }, "ids reach 258 but there are only 258 tokens");
   expect_error([](auto& j) { j["added_tokens"][0]["id"] = "x"; }, "added_tokens[0].id: expected an integer");
   expect_error([](auto& j) { j["added_tokens"][0]["id"] = 5; }, "added token '<|eot|>' has id 5");
   expect_error([](auto& j) { j["added_tokens"][0].erase("content"); }, "added_tokens[0]: missing \"content\"");
