@@ -90,7 +90,7 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::parse(const uint8_t* data, siz
       uint64_t v = d.get<uint64_t>();
       if (v > uint64_t(std::numeric_limits<int64_t>::max()) ||
           __builtin_mul_overflow(n_el, int64_t(v), &n_el))
-        fail("{}: tensor '{}': shape {} overflows 64 bits", file, key, sh->dump());
+        fail("{}: tensor '{}': shape {} overflows 64 bits (expected a byte size below 2^64)", file, key, sh->dump());
       t.shape.push_back(int64_t(v));
     }
     auto off = entry.find("data_offsets");
