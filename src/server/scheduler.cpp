@@ -1,0 +1,289 @@
+#include "server/scheduler.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "server/api_request.h"
+
+namespace kvtier::server {
+
+// ---- Channel ---------------------------------------------------------------
+
+Channel::Update Channel::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock lk(mu_);
+  cv_.wait_for(lk, timeout, [&] { return !pending_.empty() || finished_; });
+  Update u;
+  u.text.swap(pending_);
+  u.finished = finished_;
+  return u;
+}
+
+void Channel::wait_finished() {
+  std::unique_lock lk(mu_);
+  cv_.wait(lk, [&] { return finished_; });
+}
+
+bool Channel::finished() const {
+  std::lock_guard lk(mu_);
+  return finished_;
+}
+
+std::vector<uint64_t> Channel::step_rounds() const {
+  std::lock_guard lk(mu_);
+  return rounds_;
+}
+
+void Channel::push(const std::string& piece, uint64_t round) {
+  {
+    std::lock_guard lk(mu_);
+    pending_ += piece;
+    rounds_.push_back(round);
+  }
+  cv_.notify_all();
+}
+
+void Channel::finish(GenerationResult r) {
+  {
+    std::lock_guard lk(mu_);
+    result_ = std::move(r);
+    finished_ = true;
+  }
+  cv_.notify_all();
+}
+
+void Channel::fail(JobError e) {
+  {
+    std::lock_guard lk(mu_);
+    error_ = std::move(e);
+    finished_ = true;
+  }
+  cv_.notify_all();
+}
+
+// ---- Scheduler -------------------------------------------------------------
+
+Scheduler::Scheduler(Engine& engine, const SchedulerOptions& options)
+    : engine_(engine), options_(options) {
+  KVT_CHECK(options_.max_active >= 1, "scheduler: max_active must be ≥ 1, got {}",
+            options_.max_active);
+  KVT_CHECK(options_.max_queue >= 0, "scheduler: max_queue must be ≥ 0, got {}",
+            options_.max_queue);
+  KVT_CHECK(options_.host_kv_budget_bytes >= 0,
+            "scheduler: host_kv_budget_bytes must be ≥ 0, got {}", options_.host_kv_budget_bytes);
+  worker_ = std::thread([this] { worker_loop(); });
+}
+
+Scheduler::~Scheduler() { drain(std::chrono::milliseconds(0)); }
+
+std::shared_ptr<Channel> Scheduler::submit(Job job) {
+  const int64_t budget = options_.host_kv_budget_bytes;
+  if (budget > 0 && job.host_kv_bytes > budget) {
+    std::lock_guard lk(mu_);
+    ++stats_.n_rejected;
+    throw RequestError(400,
+                       fmt::format("the request needs up to {} bytes of host KV memory (prompt + "
+                                   "max_tokens); the server's host KV budget is {} bytes",
+                                   job.host_kv_bytes, budget),
+                       "max_tokens", "kv_budget_exceeded");
+  }
+  auto ch = std::make_shared<Channel>();
+  ch->job_ = std::move(job);
+  {
+    std::lock_guard lk(mu_);
+    if (!stats_.accepting) {
+      ++stats_.n_rejected;
+      throw RequestError(503, "the server is shutting down", {}, "shutting_down", "server_error");
+    }
+    // max_queue counts requests that must wait: ones a free slot will take at
+    // the next round do not (so max_queue 0 means "no waiting", not "refuse all").
+    const int free_slots = std::max(0, options_.max_active - stats_.n_active);
+    if (int(queue_.size()) >= options_.max_queue + free_slots) {
+      ++stats_.n_rejected;
+      throw RequestError(503,
+                         fmt::format("the server is busy: {} requests are waiting (the limit); "
+                                     "retry later",
+                                     queue_.size()),
+                         {}, "queue_full", "server_error");
+    }
+    queue_.push_back(ch);
+    stats_.n_queued = int(queue_.size());
+  }
+  cv_.notify_all();
+  return ch;
+}
+
+void Scheduler::cancel(Channel& channel) {
+  channel.cancelled_.store(true);
+  cv_.notify_all();
+}
+
+SchedulerStats Scheduler::stats() const {
+  std::lock_guard lk(mu_);
+  return stats_;
+}
+
+void Scheduler::drain(std::chrono::milliseconds grace) {
+  std::deque<std::shared_ptr<Channel>> dropped;
+  {
+    std::unique_lock lk(mu_);
+    if (!worker_.joinable()) return;
+    stats_.accepting = false;
+    dropped.swap(queue_);
+    stats_.n_queued = 0;
+    stats_.n_failed += dropped.size();
+  }
+  for (auto& ch : dropped) {
+    ch->fail({503, "the server is shutting down", "server_error", "shutting_down"});
+  }
+  {
+    std::unique_lock lk(mu_);
+    idle_cv_.wait_for(lk, grace, [&] { return stats_.n_active == 0; });
+    cancel_all_ = true;
+    stop_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();
+}
+
+void Scheduler::worker_loop() {
+  std::vector<Active> active;
+  for (;;) {
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return !active.empty() || !queue_.empty() || stop_; });
+      if (stop_ && active.empty() && queue_.empty()) return;
+    }
+    admit(active);
+    step_round(active);
+  }
+}
+
+// Moves queued requests into `active` while there is a slot and budget;
+// starting a Sequence happens here, on the worker, like every engine call.
+void Scheduler::admit(std::vector<Active>& active) {
+  for (;;) {
+    std::shared_ptr<Channel> ch;
+    {
+      std::lock_guard lk(mu_);
+      if (cancel_all_) return;
+      // Requests whose client left while queued are dropped without running.
+      while (!queue_.empty() && queue_.front()->cancelled()) {
+        GenerationResult r;
+        r.finish_reason = "cancelled";
+        queue_.front()->finish(std::move(r));
+        queue_.pop_front();
+        ++stats_.n_cancelled;
+      }
+      stats_.n_queued = int(queue_.size());
+      if (queue_.empty() || int(active.size()) >= options_.max_active) return;
+      const int64_t need = queue_.front()->job_.host_kv_bytes;
+      const int64_t budget = options_.host_kv_budget_bytes;
+      // FIFO: the head waits for budget rather than being overtaken, so a large
+      // request is not starved by a stream of small ones.
+      if (budget > 0 && !active.empty() && stats_.host_kv_reserved_bytes + need > budget) return;
+      ch = queue_.front();
+      queue_.pop_front();
+      stats_.n_queued = int(queue_.size());
+      stats_.host_kv_reserved_bytes += need;
+      stats_.n_active = int(active.size()) + 1;
+    }
+    Job& job = ch->job_;
+    std::optional<JobError> err;
+    std::unique_ptr<Sequence> seq;
+    try {
+      seq = engine_.start(std::move(job.prompt), job.sampling, job.kv_policy);
+    } catch (const LimitError& e) {
+      err = JobError{400, e.what(), "invalid_request_error", "limit_exceeded"};
+    } catch (const Error& e) {
+      err = JobError{400, e.what(), "invalid_request_error", ""};
+    } catch (const std::exception& e) {
+      err = JobError{500, fmt::format("internal error while starting: {}", e.what())};
+    }
+    if (err) {
+      {
+        std::lock_guard lk(mu_);
+        stats_.host_kv_reserved_bytes -= job.host_kv_bytes;
+        stats_.n_active = int(active.size());
+        ++stats_.n_failed;
+      }
+      ch->fail(std::move(*err));
+      idle_cv_.notify_all();
+      continue;
+    }
+    active.push_back({std::move(ch), std::move(seq)});
+  }
+}
+
+void Scheduler::finish_active(Active& a, bool cancelled_by_server) {
+  Channel& ch = *a.channel;
+  if (!a.sequence->finished()) a.sequence->cancel();
+  GenerationResult r = a.sequence->result();
+  a.sequence.reset();  // frees the sequence's KV memory now
+  std::lock_guard lk(mu_);
+  stats_.host_kv_reserved_bytes -= ch.job_.host_kv_bytes;
+  if (cancelled_by_server) {
+    ++stats_.n_failed;
+    ch.fail({503, "the server is shutting down; the request was cancelled", "server_error",
+             "shutting_down"});
+  } else {
+    if (ch.cancelled()) r.finish_reason = "cancelled";
+    ++(r.finish_reason == "cancelled" ? stats_.n_cancelled : stats_.n_completed);
+    ch.finish(std::move(r));
+  }
+}
+
+// One round: every active sequence decodes one token (the first step of a new
+// one is its prompt prefill), in admission order.
+void Scheduler::step_round(std::vector<Active>& active) {
+  uint64_t round = 0;
+  bool cancel_all = false;
+  {
+    std::lock_guard lk(mu_);
+    round = stats_.n_rounds++;
+    cancel_all = cancel_all_;
+  }
+  uint64_t n_new_tokens = 0;
+  for (auto& a : active) {
+    if (cancel_all) {
+      finish_active(a, true);
+      continue;
+    }
+    if (a.channel->cancelled()) {
+      finish_active(a, false);
+      continue;
+    }
+    try {
+      std::string piece;
+      const size_t n_before = a.sequence->result().tokens.size();
+      const bool stepped = a.sequence->step(&piece);
+      n_new_tokens += a.sequence->result().tokens.size() - n_before;
+      if (stepped) a.channel->push(piece, round);
+      if (!stepped || a.sequence->finished()) finish_active(a, false);
+    } catch (const std::exception& e) {
+      a.sequence.reset();
+      std::lock_guard lk(mu_);
+      stats_.host_kv_reserved_bytes -= a.channel->job_.host_kv_bytes;
+      ++stats_.n_failed;
+      a.channel->fail({500, fmt::format("internal error while generating: {}", e.what())});
+    }
+  }
+  std::erase_if(active, [](const Active& a) { return !a.sequence; });
+
+  int64_t gpu = 0, host = 0;
+  for (auto& a : active) {
+    const KvMemory m = a.sequence->kv().memory();
+    gpu += m.gpu_bytes;
+    host += m.host_bytes;
+  }
+  {
+    std::lock_guard lk(mu_);
+    stats_.n_active = int(active.size());
+    stats_.kv_gpu_bytes = gpu;
+    stats_.kv_host_bytes = host;
+    stats_.n_tokens_generated += n_new_tokens;
+  }
+  if (active.empty()) idle_cv_.notify_all();
+}
+
+}  // namespace kvtier::server

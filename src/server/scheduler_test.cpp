@@ -1,0 +1,227 @@
+// Scheduler tests on the real default model (skipped when it is absent):
+// concurrent greedy outputs equal solo runs, round-robin fairness, FIFO
+// admission, cancellation freeing KV memory, queue and budget limits, drain.
+#include "server/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "server/api_request.h"
+
+namespace kvtier::server {
+namespace {
+
+const char* kModel = KVT_SOURCE_DIR "/models/cache/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!std::filesystem::exists(kModel)) return;
+    EngineOptions o;
+    o.model_path = kModel;
+    o.n_threads = 2;
+    engine_ = Engine::load(o).release();
+  }
+  static void TearDownTestSuite() {
+    delete engine_;
+    engine_ = nullptr;
+  }
+  void SetUp() override {
+    if (!engine_) GTEST_SKIP() << "default model absent: " << kModel;
+  }
+
+  static Job job(const std::string& text, int max_new, bool ignore_eos = false) {
+    Job j;
+    j.prompt = engine_->tokenize(text, true);
+    j.sampling.temperature = 0;
+    j.sampling.max_new_tokens = max_new;
+    j.sampling.ignore_eos = ignore_eos;
+    return j;
+  }
+
+  // Polls until pred() or ~20 s pass.
+  template <class Pred>
+  static bool eventually(Pred pred) {
+    for (int i = 0; i < 2000; ++i) {
+      if (pred()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return pred();
+  }
+
+  static Engine* engine_;
+};
+Engine* SchedulerTest::engine_ = nullptr;
+
+TEST_F(SchedulerTest, ConcurrentGreedyOutputsEqualSoloRuns) {
+  const std::vector<std::string> prompts = {"The capital of France is", "def fibonacci(n):",
+                                            "Once upon a time, there was"};
+  std::vector<GenerationResult> solo;
+  for (const auto& p : prompts) {
+    const Job j = job(p, 8);
+    solo.push_back(engine_->generate(j.prompt, j.sampling));
+  }
+  Scheduler s(*engine_, {3, 8, 0});
+  std::vector<std::shared_ptr<Channel>> chs;
+  for (const auto& p : prompts) chs.push_back(s.submit(job(p, 8)));
+  for (size_t i = 0; i < chs.size(); ++i) {
+    // Streamed pieces concatenate to the final text.
+    std::string streamed;
+    for (;;) {
+      auto u = chs[i]->wait(std::chrono::milliseconds(100));
+      streamed += u.text;
+      if (u.finished) break;
+    }
+    ASSERT_FALSE(chs[i]->error()) << chs[i]->error()->message;
+    const GenerationResult& r = chs[i]->result();
+    EXPECT_EQ(r.tokens, solo[i].tokens) << prompts[i];
+    EXPECT_EQ(r.text, solo[i].text);
+    EXPECT_EQ(streamed, r.text);
+    EXPECT_EQ(r.finish_reason, solo[i].finish_reason);
+    EXPECT_EQ(r.n_prompt_tokens, int64_t(engine_->tokenize(prompts[i], true).size()));
+  }
+  EXPECT_EQ(s.stats().n_completed, 3u);
+}
+
+TEST_F(SchedulerTest, ActiveSequencesStepOnceEveryRound) {
+  Scheduler s(*engine_, {3, 8, 0});
+  std::vector<std::shared_ptr<Channel>> chs;
+  for (int i = 0; i < 3; ++i) chs.push_back(s.submit(job("Count: 1, 2, 3,", 10, true)));
+  for (auto& c : chs) c->wait_finished();
+  std::vector<std::vector<uint64_t>> rounds;
+  for (auto& c : chs) {
+    ASSERT_FALSE(c->error());
+    rounds.push_back(c->step_rounds());
+    // Prefill + 9 decode steps produce 10 tokens (ignore_eos).
+    ASSERT_EQ(rounds.back().size(), 10u);
+    // No active sequence ever skips a round.
+    for (size_t k = 1; k < rounds.back().size(); ++k) {
+      EXPECT_EQ(rounds.back()[k], rounds.back()[k - 1] + 1);
+    }
+  }
+  // The three overlap: each started before the others finished (admission
+  // happens at the next round after submission).
+  for (size_t a = 0; a < 3; ++a) {
+    for (size_t b = 0; b < 3; ++b) EXPECT_LT(rounds[a].front(), rounds[b].back());
+  }
+}
+
+TEST_F(SchedulerTest, OneSlotServesInArrivalOrder) {
+  Scheduler s(*engine_, {1, 8, 0});
+  auto a = s.submit(job("Alpha", 6, true));
+  auto b = s.submit(job("Beta", 6, true));
+  b->wait_finished();
+  a->wait_finished();
+  const auto ra = a->step_rounds();
+  const auto rb = b->step_rounds();
+  ASSERT_EQ(ra.size(), 6u);
+  ASSERT_EQ(rb.size(), 6u);
+  EXPECT_GT(rb.front(), ra.back());
+}
+
+TEST_F(SchedulerTest, CancelFreesTheSequenceAndItsKv) {
+  Scheduler s(*engine_, {2, 8, 0});
+  auto ch = s.submit(job("Write a very long story about a dragon.", 400, true));
+  ASSERT_TRUE(eventually([&] { return ch->step_rounds().size() >= 3; }));
+  SchedulerStats mid = s.stats();
+  EXPECT_EQ(mid.n_active, 1);
+  EXPECT_GT(mid.kv_gpu_bytes + mid.kv_host_bytes, 0);
+  s.cancel(*ch);
+  ch->wait_finished();
+  EXPECT_FALSE(ch->error());
+  EXPECT_EQ(ch->result().finish_reason, "cancelled");
+  EXPECT_LT(ch->result().tokens.size(), 400u);
+  ASSERT_TRUE(eventually([&] { return s.stats().n_active == 0; }));
+  const SchedulerStats after = s.stats();
+  EXPECT_EQ(after.kv_gpu_bytes, 0);
+  EXPECT_EQ(after.kv_host_bytes, 0);
+  EXPECT_EQ(after.n_cancelled, 1u);
+  // A request cancelled while queued never runs.
+  Scheduler one(*engine_, {1, 8, 0});
+  auto busy = one.submit(job("Long text:", 60, true));
+  auto queued = one.submit(job("Never run", 5));
+  one.cancel(*queued);
+  queued->wait_finished();
+  EXPECT_EQ(queued->result().finish_reason, "cancelled");
+  EXPECT_TRUE(queued->step_rounds().empty());
+  one.cancel(*busy);
+}
+
+TEST_F(SchedulerTest, FullQueueIsRefusedWith503) {
+  Scheduler s(*engine_, {1, 1, 0});
+  auto a = s.submit(job("First", 200, true));
+  ASSERT_TRUE(eventually([&] { return s.stats().n_active == 1; }));
+  auto b = s.submit(job("Second", 4));
+  try {
+    s.submit(job("Third", 4));
+    FAIL() << "a third request fitted a queue of one";
+  } catch (const RequestError& e) {
+    EXPECT_EQ(e.status(), 503);
+    EXPECT_EQ(e.code(), "queue_full");
+  }
+  EXPECT_EQ(s.stats().n_rejected, 1u);
+  s.cancel(*a);
+  b->wait_finished();
+  EXPECT_FALSE(b->error());
+  EXPECT_EQ(b->result().finish_reason.empty(), false);
+}
+
+TEST_F(SchedulerTest, HostBudgetLimitsWhatRunsAtOnce) {
+  // Each job reserves 600 of a 1000-byte budget, so they run one at a time.
+  Scheduler s(*engine_, {4, 8, 1000});
+  std::vector<std::shared_ptr<Channel>> chs;
+  for (int i = 0; i < 3; ++i) {
+    Job j = job("Budget test", 5, true);
+    j.host_kv_bytes = 600;
+    chs.push_back(s.submit(std::move(j)));
+  }
+  for (auto& c : chs) c->wait_finished();
+  for (size_t i = 1; i < chs.size(); ++i) {
+    EXPECT_GT(chs[i]->step_rounds().front(), chs[i - 1]->step_rounds().back());
+  }
+  EXPECT_EQ(s.stats().host_kv_reserved_bytes, 0);
+  Job big = job("Too big", 5);
+  big.host_kv_bytes = 1001;
+  try {
+    s.submit(std::move(big));
+    FAIL() << "a job over the whole budget was queued";
+  } catch (const RequestError& e) {
+    EXPECT_EQ(e.status(), 400);
+  }
+}
+
+TEST_F(SchedulerTest, EngineRefusalsBecomeRequestErrors) {
+  Scheduler s(*engine_, {2, 8, 0});
+  Job bad = job("x", 4);
+  bad.kv_policy = "no-such-policy";
+  auto ch = s.submit(std::move(bad));
+  ch->wait_finished();
+  ASSERT_TRUE(ch->error());
+  EXPECT_EQ(ch->error()->status, 400);
+  EXPECT_EQ(s.stats().n_failed, 1u);
+  EXPECT_EQ(s.stats().n_active, 0);
+}
+
+TEST_F(SchedulerTest, DrainCancelsWhatOutlivesTheGrace) {
+  Scheduler s(*engine_, {1, 8, 0});
+  auto running = s.submit(job("Endless:", 100000, true));
+  auto queued = s.submit(job("Waiting", 4));
+  ASSERT_TRUE(eventually([&] { return !running->step_rounds().empty(); }));
+  s.drain(std::chrono::milliseconds(50));
+  ASSERT_TRUE(running->finished());
+  ASSERT_TRUE(running->error());
+  EXPECT_EQ(running->error()->status, 503);
+  ASSERT_TRUE(queued->error());
+  EXPECT_EQ(queued->error()->status, 503);
+  try {
+    s.submit(job("Late", 4));
+    FAIL() << "accepted a request after drain";
+  } catch (const RequestError& e) {
+    EXPECT_EQ(e.status(), 503);
+  }
+}
+
+}  // namespace
+}  // namespace kvtier::server

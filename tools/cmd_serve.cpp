@@ -1,0 +1,100 @@
+// kvtier serve: the OpenAI-compatible HTTP server (src/server/) on one engine.
+// SIGINT/SIGTERM stop it gracefully: new requests are refused, active ones
+// get a grace period, the rest are cancelled, and the process exits 0.
+#include <fmt/format.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <thread>
+
+#include "command.h"
+#include "options.h"
+#include "server/http_server.h"
+
+namespace kvtier::tools {
+namespace {
+
+struct ServeArgs {
+  EngineOptions engine;
+  server::ServerOptions server;
+};
+
+// Set by the SIGINT/SIGTERM handler (any thread may take the signal: OpenBLAS
+// starts its threads before main, so masking cannot confine it); a watcher
+// thread polls it and calls into the server outside signal context.
+std::atomic<int> g_stop_signal{0};
+extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+
+void serve(ServeArgs& a) {
+  a.server.host_kv_budget_bytes = a.engine.host_kv_budget_bytes;
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);  // a client that vanished must not kill the server
+
+  auto engine = Engine::load(a.engine);
+  server::HttpServer http(*engine, a.server);
+  const int port = http.bind();
+  fmt::print(stderr, "kvtier serve: {} on http://{}:{} (kv policy {}, {} active, queue {})\n",
+             engine->model_name(), a.server.host, port, a.server.default_kv_policy,
+             a.server.max_active, a.server.max_queue);
+
+  std::atomic<bool> done{false};
+  std::thread watcher([&] {
+    while (!done.load()) {
+      if (const int sig = g_stop_signal.load()) {
+        fmt::print(stderr, "kvtier serve: {} received, shutting down\n",
+                   sig == SIGINT ? "SIGINT" : "SIGTERM");
+        http.shutdown();
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  http.run();
+  done = true;
+  watcher.join();
+  http.shutdown();
+  fmt::print(stderr, "kvtier serve: stopped\n");
+}
+
+Registration reg(20, [](CLI::App& app) {
+  auto a = std::make_shared<ServeArgs>();
+  auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (completions, chat, streaming)");
+  add_engine_options(*cmd, a->engine);
+  add_kv_option(*cmd, a->server.default_kv_policy);
+  server::ServerOptions& s = a->server;
+  cmd->add_option("--host", s.host, "address to listen on (loopback unless told otherwise)")
+      ->capture_default_str();
+  cmd->add_option("--port", s.port, "TCP port (0: any free port)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  cmd->add_option("--max-active", s.max_active, "sequences decoding at once (round-robin)")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  cmd->add_option("--max-queue", s.max_queue, "requests waiting for a slot; more get 503")
+      ->check(CLI::Range(0, 1 << 16))
+      ->capture_default_str();
+  cmd->add_option("--max-prompt-tokens", s.max_prompt_tokens,
+                  "longest prompt accepted (0: the context minus one)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--max-new-tokens", s.max_new_tokens, "largest max_tokens accepted")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 24))
+      ->capture_default_str();
+  cmd->add_option("--max-body-bytes", s.max_body_bytes, "largest request body (413 above)")
+      ->check(CLI::Range(size_t(1024), size_t(1) << 30))
+      ->capture_default_str();
+  cmd->add_option("--shutdown-grace", s.shutdown_grace_seconds,
+                  "seconds active requests may run on after SIGINT/SIGTERM")
+      ->check(CLI::Range(0.0, 3600.0))
+      ->capture_default_str();
+  cmd->callback([a] { serve(*a); });
+});
+
+}  // namespace
+}  // namespace kvtier::tools
