@@ -19,6 +19,9 @@ constexpr int64_t kSgemmMinTokens = 16;
 // Rows of f32 weights dequantized at once for sgemm (bounds scratch memory).
 constexpr int64_t kSliceFloats = int64_t(8) << 20;
 
+// F16C conversion (x86-64-v3 baseline); the scalar f16_to_f32 branches.
+inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+
 inline float hsum(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
   lo = _mm_add_ps(lo, hi);
@@ -92,7 +95,7 @@ float dot_q8_0(const BlockQ8_0* w, const QuantizedRow& x, int64_t n_blk) {
     __m256i wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs));
     __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&x.q[size_t(b * kQK)]));
     __m256i p = dot_u8s8(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_to_f32(w[b].d) * x.d[size_t(b)]),
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * x.d[size_t(b)]),
                           _mm256_cvtepi32_ps(p), acc);
   }
   return hsum(acc);
@@ -105,7 +108,7 @@ float dot_q4_0(const BlockQ4_0* w, const QuantizedRow& x, int64_t n_blk) {
     __m256i wq = _mm256_sub_epi8(unpack_nibbles(w[b].qs), eight);
     __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&x.q[size_t(b * kQK)]));
     __m256i p = dot_u8s8(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_to_f32(w[b].d) * x.d[size_t(b)]),
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * x.d[size_t(b)]),
                           _mm256_cvtepi32_ps(p), acc);
   }
   return hsum(acc);
@@ -118,9 +121,9 @@ float dot_q4_1(const BlockQ4_1* w, const QuantizedRow& x, int64_t n_blk) {
     __m256i wq = unpack_nibbles(w[b].qs);
     __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&x.q[size_t(b * kQK)]));
     __m256i p = dot_u8s8(wq, xq);
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_to_f32(w[b].d) * x.d[size_t(b)]),
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * x.d[size_t(b)]),
                           _mm256_cvtepi32_ps(p), acc);
-    acc_m += f16_to_f32(w[b].m) * x.s[size_t(b)];
+    acc_m += h2f(w[b].m) * x.s[size_t(b)];
   }
   return hsum(acc) + acc_m;
 }
