@@ -30,6 +30,7 @@ struct BenchArgs {
   std::string plot;
   std::string summary;
   bool no_progress = false;
+  bool report_only = false;
 };
 
 // "4096", "4k" (= 4096) or "8K".
@@ -68,8 +69,13 @@ void bench_cmd(BenchArgs& a) {
   c.data_root = a.data;
   c.text2json_file = a.text2json_file;
   c.progress = !a.no_progress;
-  auto engine = Engine::load(a.engine);
-  const auto records = bench::run_bench(*engine, c);
+  std::vector<nlohmann::json> records;
+  if (a.report_only) {
+    records = bench::read_bench_records(c.output);
+  } else {
+    auto engine = Engine::load(a.engine);
+    records = bench::run_bench(*engine, c);
+  }
   const auto rows = bench::summarize(records);
   const std::string table = bench::summary_markdown(rows);
   fmt::print("{}", table);
@@ -107,6 +113,7 @@ Registration reg(70, [](CLI::App& app) {
   cmd->add_option("--plot", a->plot, "write an SVG plot of score vs GPU KV bytes per token");
   cmd->add_option("--summary", a->summary, "also write the summary table (Markdown) to this file");
   cmd->add_flag("--no-progress", a->no_progress, "no progress bar on stderr");
+  cmd->add_flag("--report-only", a->report_only, "run nothing: summarize (and plot) the records already in -o");
   cmd->callback([a] { bench_cmd(*a); });
 });
 
