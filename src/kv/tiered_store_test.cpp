@@ -357,3 +357,48 @@ TEST(Analysis, OracleScoresPerfectAndBudgetAboveContextIsExact) {
 
 }  // namespace
 }  // namespace kvtier
+
+namespace kvtier {
+namespace {
+
+// Pearson correlation of an index's scores with exact scores over all tokens.
+double index_score_correlation(const std::string& pol, const Synthetic& s) {
+  PolicyConfig p = parse_policy(pol);
+  KeyIndex idx(p, s.g);
+  idx.append(0, s.k_pre.data(), s.k.data(), s.n);
+  const int64_t n = idx.n_chunks(0);
+  std::vector<float> got(size_t(s.g.n_kv_head) * n);
+  idx.score(0, s.q.data(), 1.0f, n, got.data());
+  PolicyConfig o = parse_policy("oracle,gqa=mean");
+  KeyIndex ex(o, s.g);
+  ex.append(0, s.k_pre.data(), s.k.data(), s.n);
+  std::vector<float> want(got.size());
+  ex.score(0, s.q.data(), 1.0f, n, want.data());
+  double ma = 0, mb = 0;
+  for (size_t i = 0; i < got.size(); ++i) ma += got[i], mb += want[i];
+  ma /= got.size(), mb /= got.size();
+  double sab = 0, saa = 0, sbb = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    sab += (got[i] - ma) * (want[i] - mb);
+    saa += (got[i] - ma) * (got[i] - ma);
+    sbb += (want[i] - mb) * (want[i] - mb);
+  }
+  return sab / std::sqrt(saa * sbb);
+}
+
+TEST(KeyIndex, QuantizedLandmarkScoresTrackExactScores) {
+  Synthetic s(small_geometry(), 512, 11);
+  const double bf16 = index_score_correlation("yakv,lm=bf16,gqa=mean", s);
+  const double h2 = index_score_correlation("yakv,gqa=mean", s);
+  const double res1 = index_score_correlation("yakv,lm=residual,meta=higgs4,res=1bit,m=8,gqa=mean", s);
+  const double resh = index_score_correlation("yakv,lm=residual,meta=higgs4,res=higgs1,m=8,gqa=mean", s);
+  std::printf("score correlation: bf16 %.4f higgs2 %.4f residual(1bit) %.4f residual(higgs1) %.4f\n",
+              bf16, h2, res1, resh);
+  EXPECT_GT(bf16, 0.999);
+  EXPECT_GT(h2, 0.93);
+  EXPECT_GT(res1, 0.78);
+  EXPECT_GT(resh, 0.78);
+}
+
+}  // namespace
+}  // namespace kvtier
