@@ -30,6 +30,9 @@ void add_engine_options(CLI::App& app, EngineOptions& o) {
   app.add_option("--host-kv-budget", o.host_kv_budget_bytes,
                  "refuse prompts whose host KV would exceed this many bytes (0: no limit)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--device", o.device, "where the model runs: cpu, or cuda (bf16 weights on GPU 0)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
 }
 
 void add_sampling_options(CLI::App& app, SamplingParams& s) {

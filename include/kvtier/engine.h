@@ -22,6 +22,9 @@ struct EngineOptions {
   int prefill_chunk = 512;    // prompt tokens per forward pass (bounds memory)
   int64_t max_context = 0;    // 0: the model's training context
   int64_t host_kv_budget_bytes = 0;  // 0: unlimited; else longer contexts are refused
+  // Where the forward pass runs: "cpu", or "cuda" (weights dequantized to bf16
+  // on CUDA device 0; see src/gpu/gpu_model.h for where each policy's KV lives).
+  std::string device = "cpu";
 };
 
 struct SamplingParams {

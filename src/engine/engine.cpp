@@ -9,6 +9,7 @@
 
 #include "core/threads.h"
 #include "engine/sampler.h"
+#include "gpu/gpu_model.h"
 #include "model/model.h"
 
 namespace kvtier {
@@ -16,6 +17,7 @@ namespace kvtier {
 struct Engine::Impl {
   EngineOptions options;
   std::unique_ptr<Model> model;
+  std::unique_ptr<GpuModel> gpu;  // set for device "cuda"
   std::unique_ptr<Tokenizer> tokenizer;
   std::vector<int> extra_eos;
   int64_t max_context = 0;
@@ -27,7 +29,8 @@ struct Sequence::State {
   SamplingParams sampling;
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<KvStore> kv;
-  ForwardScratch scratch;
+  ForwardScratch scratch;           // device "cpu"
+  std::unique_ptr<GpuSequence> gpu;  // device "cuda"
   std::vector<float> logits;  // [n_vocab]
   int64_t n_past = 0;
   int32_t last_token = -1;
@@ -61,6 +64,15 @@ size_t utf8_complete_prefix(const std::string& s, size_t from) {
   return n;
 }
 
+// The forward pass on the engine's device (Model::forward's contract).
+void forward(const Model& model, GpuSequence* gpu, ForwardScratch& scratch, const int32_t* tokens, int n_tok,
+             int64_t pos0, KvStore& kv, int n_logits, float* logits) {
+  if (gpu) gpu->forward(tokens, n_tok, pos0, kv, n_logits, logits);
+  else model.forward(tokens, n_tok, pos0, kv, scratch, n_logits, logits);
+}
+
+KvMemory kv_memory(const Sequence::State& s) { return s.gpu ? s.gpu->memory(*s.kv) : s.kv->memory(); }
+
 bool is_end_of_generation(const Engine::Impl& e, int32_t tok) {
   if (e.tokenizer && e.tokenizer->is_eog(tok)) return true;
   return std::find(e.extra_eos.begin(), e.extra_eos.end(), tok) != e.extra_eos.end();
@@ -84,8 +96,9 @@ void Sequence::cancel() {
   if (s_->finished) return;
   s_->finished = true;
   s_->result.finish_reason = "cancelled";
-  s_->result.kv_memory = s_->kv->memory();
+  s_->result.kv_memory = kv_memory(*s_);
   s_->kv.reset();  // free the KV memory now, not when the handle goes
+  s_->gpu.reset();
 }
 
 bool Sequence::step(std::string* piece) {
@@ -102,7 +115,7 @@ bool Sequence::step(std::string* piece) {
     for (int64_t i = 0; i < n; i += chunk) {
       const int n_tok = int(std::min<int64_t>(chunk, n - i));
       const bool last = i + n_tok == n;
-      model.forward(&s.prompt[size_t(i)], n_tok, i, *s.kv, s.scratch, last ? 1 : 0, s.logits.data());
+      forward(model, s.gpu.get(), s.scratch, &s.prompt[size_t(i)], n_tok, i, *s.kv, last ? 1 : 0, s.logits.data());
     }
     s.n_past = n;
     s.kv->set_phase(KvPhase::decode);
@@ -110,7 +123,7 @@ bool Sequence::step(std::string* piece) {
     s.result.prefill_seconds = seconds_since(t0);
     t0 = Clock::now();
   } else {
-    model.forward(&s.last_token, 1, s.n_past, *s.kv, s.scratch, 1, s.logits.data());
+    forward(model, s.gpu.get(), s.scratch, &s.last_token, 1, s.n_past, *s.kv, 1, s.logits.data());
     s.n_past += 1;
   }
   const int32_t tok = s.sampler->sample(s.logits.data(), n_vocab);
@@ -161,7 +174,7 @@ bool Sequence::step(std::string* piece) {
   s.result.decode_seconds += seconds_since(t0);
   if (s.finished) {
     s.result.text = s.text;
-    s.result.kv_memory = s.kv->memory();
+    s.result.kv_memory = kv_memory(s);
   }
   return true;
 }
@@ -187,6 +200,8 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& options) {
             "model not found: {} (run scripts/fetch_default_model.sh for the default model)",
             options.model_path);
   KVT_CHECK(options.prefill_chunk > 0, "prefill chunk must be positive, got {}", options.prefill_chunk);
+  KVT_CHECK(options.device == "cpu" || options.device == "cuda", "device \"{}\": expected \"cpu\" or \"cuda\"",
+            options.device);
   if (options.n_threads > 0) set_default_threads(options.n_threads);
   std::unique_ptr<Engine> e(new Engine());
   e->impl_ = std::make_unique<Impl>();
@@ -195,6 +210,7 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& options) {
   ModelSource source = open_model_source(options.model_path);
   impl.extra_eos = source.eos_token_ids;
   impl.model = std::make_unique<Model>(std::move(source));
+  if (options.device == "cuda") impl.gpu = make_gpu_model(*impl.model);
   const ModelSource& src = impl.model->source();
   if (src.gguf) {
     impl.tokenizer = Tokenizer::from_gguf(*src.gguf);
@@ -255,14 +271,16 @@ std::unique_ptr<Sequence> Engine::start(std::vector<int32_t> prompt, const Sampl
   s->prompt = std::move(prompt);
   s->sampling = sampling;
   s->sampler = std::make_unique<Sampler>(sampling);
-  s->scratch = impl.model->make_scratch(std::min<int>(impl.options.prefill_chunk, int(s->prompt.size())));
+  const int capacity = std::min<int>(impl.options.prefill_chunk, int(s->prompt.size()));
+  if (impl.gpu) s->gpu = impl.gpu->start(capacity, *s->kv);
+  else s->scratch = impl.model->make_scratch(capacity);
   s->logits.resize(size_t(n_vocab));
   s->result.n_prompt_tokens = int64_t(s->prompt.size());
   s->result.kv_policy = s->kv->describe();
   if (sampling.max_new_tokens == 0) {
     s->finished = true;
     s->result.finish_reason = "length";
-    s->result.kv_memory = s->kv->memory();
+    s->result.kv_memory = kv_memory(*s);
   }
   return std::unique_ptr<Sequence>(new Sequence(std::move(s)));
 }
@@ -280,12 +298,16 @@ std::vector<float> Engine::logits(const std::vector<int32_t>& tokens, const std:
   const int n_vocab = model.config().n_vocab;
   auto kv = make_kv_store(kv_policy, model.kv_geometry());
   const int chunk = impl_->options.prefill_chunk;
-  ForwardScratch scratch = model.make_scratch(std::min<int>(chunk, int(tokens.size())));
+  const int capacity = std::min<int>(chunk, int(tokens.size()));
+  ForwardScratch scratch;
+  std::unique_ptr<GpuSequence> gpu;
+  if (impl_->gpu) gpu = impl_->gpu->start(capacity, *kv);
+  else scratch = model.make_scratch(capacity);
   std::vector<float> out(tokens.size() * size_t(n_vocab));  // [n_tok, n_vocab]
   kv->set_phase(KvPhase::prefill);
   for (size_t i = 0; i < tokens.size(); i += size_t(chunk)) {
     const int n_tok = int(std::min<size_t>(size_t(chunk), tokens.size() - i));
-    model.forward(&tokens[i], n_tok, int64_t(i), *kv, scratch, n_tok, &out[i * size_t(n_vocab)]);
+    forward(model, gpu.get(), scratch, &tokens[i], n_tok, int64_t(i), *kv, n_tok, &out[i * size_t(n_vocab)]);
   }
   return out;
 }

@@ -6,6 +6,10 @@
 
 namespace kvtier::cuda {
 
+// Whether the kernel has an instance for head_dim (64, 128) and the GQA
+// group n_head / n_kv_head (1, 2, 3, 4, 8).
+bool decode_attn_supports(int head_dim, int group);
+
 // Splits that fill the GPU for n_rows (seq, kv head) rows of n_tok tokens,
 // each split at least min_tokens long.
 int decode_attn_splits(int64_t n_rows, int64_t n_tok, int64_t min_tokens = 256);

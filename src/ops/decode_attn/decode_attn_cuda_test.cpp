@@ -19,6 +19,7 @@ struct Case {
   int64_t n_slots, n_tok;
   bool use_idx, interleaved;
   int n_split;
+  int head_dim = 128;
 };
 
 class DecodeAttnCuda : public ::testing::TestWithParam<Case> {};
@@ -27,13 +28,14 @@ TEST_P(DecodeAttnCuda, SplitsMergeToTheReference) {
   KVT_REQUIRE_GPU();
   const Case c = GetParam();
   std::mt19937 rng(5 + int(c.n_tok) + c.n_head);
-  const int hd = 128;
+  const int hd = c.head_dim;
   const int64_t eb = c.elt == KvElt::bf16 ? 2 : 1;
   const int64_t n_rows = int64_t(c.n_seq) * c.n_kv_head;
   DecodeAttnParams p;
   p.n_seq = c.n_seq;
   p.n_head = c.n_head;
   p.n_kv_head = c.n_kv_head;
+  p.head_dim = hd;
   p.scale = 1.f / std::sqrt(float(hd));
   p.elt = c.elt;
   // interleaved: [rows, slots, K|V] (the gathered buffer); else separate K and V.
@@ -112,7 +114,13 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{KvElt::fp8, 3, 8, 4, 700, 900, true, false, 3},
                       Case{KvElt::bf16, 2, 9, 3, 100, 5, false, false, 1},
                       Case{KvElt::bf16, 1, 8, 8, 64, 64, false, false, 40},
-                      Case{KvElt::bf16, 1, 16, 2, 300, 300, false, false, 2}));
+                      Case{KvElt::bf16, 1, 16, 2, 300, 300, false, false, 2},
+                      // head_dim 64 (SmolLM2, Llama 3.2 1B): quarter-warp lane groups
+                      Case{KvElt::bf16, 1, 9, 3, 1000, 1000, false, false, 5, 64},
+                      Case{KvElt::bf16, 2, 32, 8, 3000, 2999, false, false, 7, 64},
+                      Case{KvElt::bf16, 1, 32, 8, 5000, 1024, true, true, 4, 64},
+                      Case{KvElt::fp8, 3, 8, 4, 700, 900, true, false, 3, 64},
+                      Case{KvElt::bf16, 1, 8, 8, 64, 64, false, false, 40, 64}));
 
 TEST(DecodeAttnCuda, RejectsUnsupportedShapes) {
   KVT_REQUIRE_GPU();

@@ -13,9 +13,10 @@ namespace kvtier::cuda {
 namespace {
 
 using namespace nvcuda;
-constexpr int kBQ = 64, kBK = 64, kD = 128, kWarps = 4;
+constexpr int kBQ = 64, kBK = 64, kWarps = 4;
 constexpr float kLog2e = 1.4426950408889634f;
 
+template <int kD>
 struct Smem {
   __nv_bfloat16 k[kBK * kD];             // [key, dim]
   __nv_bfloat16 v[kBK * kD];             // [key, dim]
@@ -25,12 +26,13 @@ struct Smem {
   float m[kWarps][16], l[kWarps][16];
 };
 
+template <int kD>
 __global__ void __launch_bounds__(kWarps * 32) flash_prefill_kernel(FlashPrefillParams p, const __nv_bfloat16* q,
                                                                     const __nv_bfloat16* k,
                                                                     const __nv_bfloat16* v,
                                                                     __nv_bfloat16* out) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+  Smem<kD>& sm = *reinterpret_cast<Smem<kD>*>(smem_raw);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t n_qt = (p.n_q + kBQ - 1) / kBQ;
   const int64_t qt = n_qt - 1 - blockIdx.x;
@@ -158,25 +160,36 @@ __global__ void __launch_bounds__(kWarps * 32) flash_prefill_kernel(FlashPrefill
   }
 }
 
+template <int kD>
+void launch(const FlashPrefillParams& p, const void* q, const void* k, const void* v, void* out, cudaStream_t s) {
+  const size_t smem = sizeof(Smem<kD>);
+  KVT_CUDA_CHECK(cudaFuncSetAttribute(flash_prefill_kernel<kD>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const dim3 grid(unsigned((p.n_q + kBQ - 1) / kBQ), unsigned(p.n_head));
+  flash_prefill_kernel<kD><<<grid, kWarps * 32, smem, s>>>(p, static_cast<const __nv_bfloat16*>(q),
+                                                           static_cast<const __nv_bfloat16*>(k),
+                                                           static_cast<const __nv_bfloat16*>(v),
+                                                           static_cast<__nv_bfloat16*>(out));
+  KVT_CUDA_LAUNCH_CHECK("flash_prefill_kernel");
+}
+
 }  // namespace
+
+bool flash_prefill_supports(int head_dim) { return head_dim == 64 || head_dim == 128; }
 
 void flash_prefill(const FlashPrefillParams& p, const void* q, const void* k, const void* v, void* out,
                    cudaStream_t s) {
-  KVT_CHECK(p.head_dim == kD, "flash_prefill: head_dim {} unsupported (128 only)", p.head_dim);
+  KVT_CHECK(flash_prefill_supports(p.head_dim), "flash_prefill: head_dim {} unsupported (64 or 128)", p.head_dim);
   KVT_CHECK(p.n_kv_head > 0 && p.n_head % p.n_kv_head == 0, "flash_prefill: n_head {} vs n_kv_head {}", p.n_head,
             p.n_kv_head);
   KVT_CHECK(p.n_q >= 0 && p.n_q <= p.n_kv, "flash_prefill: n_q {} must be <= n_kv {}", p.n_q, p.n_kv);
   KVT_CHECK(p.q_tok_stride % 8 == 0 && p.kv_tok_stride % 8 == 0 && p.out_tok_stride % 8 == 0,
             "flash_prefill: token strides must be multiples of 8 elements");
   if (p.n_q == 0) return;
-  const size_t smem = sizeof(Smem);
-  KVT_CUDA_CHECK(cudaFuncSetAttribute(flash_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const dim3 grid(unsigned((p.n_q + kBQ - 1) / kBQ), unsigned(p.n_head));
-  flash_prefill_kernel<<<grid, kWarps * 32, smem, s>>>(p, static_cast<const __nv_bfloat16*>(q),
-                                                       static_cast<const __nv_bfloat16*>(k),
-                                                       static_cast<const __nv_bfloat16*>(v),
-                                                       static_cast<__nv_bfloat16*>(out));
-  KVT_CUDA_LAUNCH_CHECK("flash_prefill_kernel");
+  // The one dispatch switch from the runtime head_dim to the kernel's tile width.
+  switch (p.head_dim) {
+    case 64: return launch<64>(p, q, k, v, out, s);
+    case 128: return launch<128>(p, q, k, v, out, s);
+  }
 }
 
 }  // namespace kvtier::cuda

@@ -12,7 +12,7 @@ namespace kvtier::cuda {
 struct FlashPrefillParams {
   int n_head = 0;
   int n_kv_head = 0;
-  int head_dim = 128;  // 128 only
+  int head_dim = 128;  // 64 or 128 (flash_prefill_supports)
   float scale = 0.f;
   int64_t n_q = 0;
   int64_t n_kv = 0;
@@ -20,6 +20,8 @@ struct FlashPrefillParams {
   int64_t kv_tok_stride = 0;  // elements between tokens of k and v
   int64_t out_tok_stride = 0;
 };
+
+bool flash_prefill_supports(int head_dim);
 
 // q:   [n_q, q_tok_stride] bf16, head h at + h*head_dim
 // k,v: [n_kv, kv_tok_stride] bf16, kv head g at + g*head_dim

@@ -27,10 +27,10 @@ struct Gemm::Impl {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>, Plan> plans;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool>, Plan> plans;
 
-  const Plan& plan(int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ldy) {
-    auto key = std::make_tuple(m, n, k, ldx, ldy);
+  const Plan& plan(int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ldy, bool y_f32) {
+    auto key = std::make_tuple(m, n, k, ldx, ldy, y_f32);
     auto it = plans.find(key);
     if (it != plans.end()) return it->second;
     // Column-major view: Y^T [n, m] = W [n, k] · X^T [k, m]; W is stored as a
@@ -42,7 +42,7 @@ struct Gemm::Impl {
     KVT_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
     KVT_LT(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, uint64_t(k), uint64_t(n), k));
     KVT_LT(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, uint64_t(k), uint64_t(m), ldx));
-    KVT_LT(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_16BF, uint64_t(n), uint64_t(m), ldy));
+    KVT_LT(cublasLtMatrixLayoutCreate(&p.c, y_f32 ? CUDA_R_32F : CUDA_R_16BF, uint64_t(n), uint64_t(m), ldy));
     cublasLtMatmulPreference_t pref = nullptr;
     KVT_LT(cublasLtMatmulPreferenceCreate(&pref));
     size_t ws = kWorkspace;
@@ -76,8 +76,16 @@ void Gemm::run(int64_t m, int64_t n, int64_t k, const void* x, const void* w, vo
   if (ldx == 0) ldx = k;
   if (ldy == 0) ldy = n;
   KVT_CHECK(ldx >= k && ldy >= n, "gemm: leading dimensions ldx={} (k={}) ldy={} (n={})", ldx, k, ldy, n);
-  const Impl::Plan& p = impl_->plan(m, n, k, ldx, ldy);
+  const Impl::Plan& p = impl_->plan(m, n, k, ldx, ldy, false);
   const float alpha = 1.f;
+  KVT_LT(cublasLtMatmul(impl_->handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo,
+                        impl_->workspace.data(), kWorkspace, s));
+}
+
+void Gemm::run_f32(int64_t m, int64_t n, int64_t k, const void* x, const void* w, float* y, cudaStream_t s) {
+  KVT_CHECK(m > 0 && n > 0 && k > 0, "gemm: empty shape m={} n={} k={}", m, n, k);
+  const Impl::Plan& p = impl_->plan(m, n, k, k, n, true);
+  const float alpha = 1.f, beta = 0.f;
   KVT_LT(cublasLtMatmul(impl_->handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo,
                         impl_->workspace.data(), kWorkspace, s));
 }

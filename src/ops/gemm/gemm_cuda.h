@@ -22,6 +22,9 @@ class Gemm {
   // y: [m, n] bf16 (row stride ldy, 0 = n). beta = 1 accumulates into y.
   void run(int64_t m, int64_t n, int64_t k, const void* x, const void* w, void* y, cudaStream_t s,
            float beta = 0.f, int64_t ldx = 0, int64_t ldy = 0);
+  // The same product with f32 output (logits, where bf16 rounding of the
+  // output would cost 3 significant digits): y: [m, n] f32, dense rows.
+  void run_f32(int64_t m, int64_t n, int64_t k, const void* x, const void* w, float* y, cudaStream_t s);
 
  private:
   struct Impl;

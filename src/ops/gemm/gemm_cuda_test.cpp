@@ -29,6 +29,12 @@ TEST(GemmCuda, Bf16MatchesF64ReferenceOnGrid) {
     gemm.run(m, n, k, dx.data(), dw.data(), dy.data(), nullptr);
     auto y = bf16_to_f32_vec(to_host<uint16_t>(dy, size_t(m * n)));
     EXPECT_LT(rel_l2(y.data(), ref.data(), y.size()), 1e-2) << m << "x" << n << "x" << k;
+    // f32 output: only the f32 accumulation order separates it from f64.
+    DeviceBuffer dy32(size_t(m * n * 4));
+    poison(dy32);
+    gemm.run_f32(m, n, k, dx.data(), dw.data(), dy32.data<float>(), nullptr);
+    auto y32 = to_host<float>(dy32, size_t(m * n));
+    EXPECT_LT(rel_l2(y32.data(), ref.data(), y32.size()), 1e-5) << "f32 out " << m << "x" << n << "x" << k;
   }
 }
 

@@ -1,0 +1,61 @@
+// The loaded model on a CUDA GPU: every weight of the Model's source
+// dequantized to bf16 and uploaded, and the same straight-line forward as
+// Model::forward (src/model/llama_forward.cpp) over the CUDA kernels of
+// src/ops (cuBLASLt GEMM, fused residual-add RMSNorm, RoPE, SwiGLU, flash
+// prefill, split-K decode attention). Includable without the CUDA toolkit:
+// without KVT_CUDA, make_gpu_model comes from backend/cuda_stub.cpp and says
+// why it cannot run (STYLE rule 14).
+//
+// Where the KV cache lives depends on the sequence's store:
+// - `full` (FullKvStore): K/V in bf16 on the GPU, attention on the GPU; the
+//   KvStore passed to forward() is left untouched (memory() reports the GPU
+//   cache instead).
+// - every other policy (yakv, oracle, shadowkv, analysis...): the CPU store
+//   keeps selecting and storing: each layer's new k/v (and q) are copied to
+//   the host, appended to the store, and its attention output copied back.
+//   Correct for every preset, but one synchronization per layer.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kv/kv_store.h"
+
+namespace kvtier {
+
+class Model;
+
+// One sequence's forward state on the GPU (activations, and the KV cache for
+// `full`). Not thread-safe; one sequence at a time per GpuModel.
+class GpuSequence {
+ public:
+  virtual ~GpuSequence() = default;
+  // The contract of Model::forward: tokens [n_tok] at positions
+  // [pos0, pos0 + n_tok); logits: [n_logits, n_vocab] f32 on the host for
+  // the last n_logits tokens. Returns when the logits are on the host.
+  virtual void forward(const int32_t* tokens, int n_tok, int64_t pos0, KvStore& kv, int n_logits,
+                       float* logits) = 0;
+  // True when K/V live on the GPU (policy `full`), false when in `kv`.
+  virtual bool kv_on_gpu() const = 0;
+  // The sequence's KV accounting: the GPU cache for `full`, else kv.memory().
+  virtual KvMemory memory(const KvStore& kv) const = 0;
+};
+
+class GpuModel {
+ public:
+  virtual ~GpuModel() = default;
+  // capacity: most tokens per forward (the prefill chunk); kv: the store the
+  // sequence will pass to forward() (its policy decides where K/V live).
+  virtual std::unique_ptr<GpuSequence> start(int capacity, const KvStore& kv) = 0;
+  virtual size_t weight_bytes() const = 0;
+  virtual std::string describe() const = 0;  // device and weight bytes, one line
+};
+
+// Uploads `model` (which must outlive the result) to CUDA device 0. Throws
+// kvtier::Error when kvtier was built without CUDA, when there is no CUDA
+// device, or when a shape is outside what the kernels support (head_dim 64
+// or 128; n_embd, n_ff multiples of 8).
+std::unique_ptr<GpuModel> make_gpu_model(const Model& model);
+
+}  // namespace kvtier

@@ -1,0 +1,307 @@
+// The GPU model against the CPU model (the oracle): tiny random models with
+// real shapes written to disk (GGUF Q4_1 / Q8_0 with interleaved RoPE,
+// safetensors F32 Qwen2 with biases and Qwen3 with q/k norms; head_dim 64
+// and 128), greedy decoding under `full` (KV on the GPU) and `yakv` /
+// `oracle` (KV in the CPU store). Storage is bf16 on the GPU, so logits agree
+// to ~1e-2 and, under `full`, greedy tokens may part only at near-ties (see
+// the bounds below).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <unistd.h>
+
+#include "backend/cuda_test_util.h"
+#include "gpu/gpu_model.h"
+#include "gpu/gpu_model_kernels.h"
+#include "kvtier/engine.h"
+#include "loader/test_model_writer.h"
+#include "model/model.h"
+
+namespace kvtier {
+namespace {
+namespace fs = std::filesystem;
+using namespace cuda::testing;
+
+fs::path temp_dir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("kvt_gpu_model_test_" + std::to_string(::getpid())) / name;
+  fs::create_directories(p);
+  return p;
+}
+
+TEST(GpuModelKernels, EmbedRowsAndBiasMatchLoops) {
+  KVT_REQUIRE_GPU();
+  std::mt19937 rng(3);
+  const int n_vocab = 37, dim = 24, n_tok = 9;
+  auto table = random_bf16(size_t(n_vocab * dim), rng);
+  std::vector<int32_t> ids{5, 0, 36, 5, 7, 1, 2, 30, 36};
+  std::vector<float> bias(dim);
+  for (int i = 0; i < dim; ++i) bias[size_t(i)] = 0.1f * float(i) - 1.f;
+  auto d_table = to_device(table);
+  auto d_ids = to_device(ids);
+  auto d_bias = to_device(bias);
+  cuda::DeviceBuffer d_out(size_t(n_tok * dim * 2));
+  poison(d_out);
+  cuda::embed_rows(d_table.data(), d_ids.data<int32_t>(), n_tok, dim, d_out.data(), nullptr);
+  auto got = to_host<uint16_t>(d_out, size_t(n_tok * dim));
+  for (int t = 0; t < n_tok; ++t)
+    for (int i = 0; i < dim; ++i) ASSERT_EQ(got[size_t(t * dim + i)], table[size_t(ids[size_t(t)] * dim + i)]);
+  cuda::add_bias(d_out.data(), d_bias.data<float>(), n_tok, dim, nullptr);
+  auto biased = to_host<uint16_t>(d_out, size_t(n_tok * dim));
+  for (int t = 0; t < n_tok; ++t)
+    for (int i = 0; i < dim; ++i) {
+      const float want = bf16_to_f32(f32_to_bf16(bf16_to_f32(got[size_t(t * dim + i)]) + bias[size_t(i)]));
+      ASSERT_EQ(bf16_to_f32(biased[size_t(t * dim + i)]), want) << t << " " << i;
+    }
+}
+
+struct GreedyRun {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> logits;  // [n_gen][n_vocab]: the logits each token was picked from
+};
+
+int argmax(const std::vector<float>& v) { return int(std::max_element(v.begin(), v.end()) - v.begin()); }
+
+float top2_margin(const std::vector<float>& v) {
+  std::vector<float> s(v);
+  std::partial_sort(s.begin(), s.begin() + 2, s.end(), std::greater<float>());
+  return s[0] - s[1];
+}
+
+// Greedy decoding of n_gen tokens after a prompt run in chunks of `chunk`,
+// on the CPU (gpu null) or the GPU.
+GreedyRun greedy(const Model& model, GpuModel* gpu, const std::string& policy, const std::vector<int32_t>& prompt,
+                 int chunk, int n_gen) {
+  const int n_vocab = model.config().n_vocab;
+  auto kv = make_kv_store(policy, model.kv_geometry());
+  ForwardScratch scratch;
+  std::unique_ptr<GpuSequence> seq;
+  if (gpu) seq = gpu->start(chunk, *kv);
+  else scratch = model.make_scratch(chunk);
+  auto forward = [&](const int32_t* t, int n, int64_t pos, int n_logits, float* logits) {
+    if (seq) seq->forward(t, n, pos, *kv, n_logits, logits);
+    else model.forward(t, n, pos, *kv, scratch, n_logits, logits);
+  };
+  std::vector<float> logits(static_cast<size_t>(n_vocab));  // [n_vocab]
+  kv->set_phase(KvPhase::prefill);
+  const int64_t n = int64_t(prompt.size());
+  for (int64_t i = 0; i < n; i += chunk) {
+    const int n_tok = int(std::min<int64_t>(chunk, n - i));
+    forward(&prompt[size_t(i)], n_tok, i, i + n_tok == n ? 1 : 0, logits.data());
+  }
+  kv->set_phase(KvPhase::decode);
+  GreedyRun r;
+  int64_t pos = n;
+  for (int step = 0; step < n_gen; ++step) {
+    r.logits.push_back(logits);
+    int32_t tok = argmax(logits);
+    r.tokens.push_back(tok);
+    if (step + 1 < n_gen) forward(&tok, 1, pos++, 1, logits.data());
+  }
+  if (seq && seq->kv_on_gpu()) EXPECT_EQ(seq->memory(*kv).gpu_bytes, int64_t(seq->memory(*kv).gpu_bytes_per_token) * (n + n_gen - 1));
+  return r;
+}
+
+struct Agreement {
+  int n_same = 0;               // leading tokens equal
+  double first_rel_l2 = 0;      // ‖gpu − cpu‖ / ‖cpu‖ of the prefill logits (dense in every policy)
+  double max_rel_l2 = 0;        // the same, max over the steps before the tokens part
+  double max_abs = 0;           // max |gpu − cpu| / max |cpu| over those steps
+  double margin_at_split = -1;  // CPU top-2 margin / max |cpu| where they part (-1: no split)
+  double min_margin = 1e30;     // smallest such CPU margin over the compared steps
+};
+
+Agreement compare(const GreedyRun& cpu, const GreedyRun& gpu) {
+  Agreement a;
+  for (size_t i = 0; i < cpu.tokens.size(); ++i) {
+    const auto& c = cpu.logits[i];
+    const auto& g = gpu.logits[i];
+    double scale = 0, diff = 0, num = 0, den = 0;
+    for (size_t j = 0; j < c.size(); ++j) {
+      const double d = double(g[j]) - double(c[j]);
+      scale = std::max(scale, double(std::abs(c[j])));
+      diff = std::max(diff, std::abs(d));
+      num += d * d;
+      den += double(c[j]) * double(c[j]);
+    }
+    const double rel = std::isfinite(num) ? std::sqrt(num / den) : INFINITY;
+    if (i == 0) a.first_rel_l2 = rel;
+    a.max_rel_l2 = std::max(a.max_rel_l2, rel);
+    a.max_abs = std::max(a.max_abs, diff / scale);
+    a.min_margin = std::min(a.min_margin, double(top2_margin(c)) / scale);
+    if (cpu.tokens[i] != gpu.tokens[i]) {
+      a.margin_at_split = double(top2_margin(c)) / scale;
+      break;
+    }
+    ++a.n_same;
+  }
+  return a;
+}
+
+ModelConfig tiny(const std::string& arch, int n_embd, int n_head, int n_kv_head, int head_dim) {
+  ModelConfig c;
+  c.arch = arch;
+  c.name = "tiny-gpu-" + arch;
+  c.n_layer = 2;
+  c.n_embd = n_embd;
+  c.n_head = n_head;
+  c.n_kv_head = n_kv_head;
+  c.head_dim = head_dim;
+  c.n_ff = 512;
+  c.n_vocab = 512;
+  c.n_ctx_train = 4096;
+  c.rms_eps = 1e-6f;
+  c.rope_theta = 10000.0f;
+  return c;
+}
+
+struct ModelCase {
+  std::string name;
+  std::function<std::string()> write;  // returns the path to load
+};
+
+std::vector<ModelCase> model_cases() {
+  std::vector<ModelCase> cases;
+  cases.push_back({"gguf-llama-q4_1-hd64-gqa3-tied", [] {
+                     ModelConfig c = tiny("llama", 192, 3, 1, 64);  // SmolLM2-135M's head layout
+                     c.tied_embeddings = true;
+                     const std::string p = (temp_dir("q41") / "m.gguf").string();
+                     write_tiny_gguf(p, c, GgmlType::Q4_1, 11);
+                     return p;
+                   }});
+  cases.push_back({"gguf-llama-q8_0-hd128-llama3rope", [] {
+                     ModelConfig c = tiny("llama", 256, 4, 2, 128);
+                     c.rope_scaling = RopeScaling::llama3;
+                     c.rope_factor = 8.0f;
+                     c.rope_original_ctx = 64;
+                     const std::string p = (temp_dir("q80") / "m.gguf").string();
+                     write_tiny_gguf(p, c, GgmlType::Q8_0, 12);
+                     return p;
+                   }});
+  cases.push_back({"hf-qwen2-f32-hd64-bias-tied", [] {
+                     ModelConfig c = tiny("qwen2", 256, 4, 2, 64);
+                     c.qkv_bias = true;
+                     c.tied_embeddings = true;
+                     c.rope_theta = 1000000.0f;
+                     const std::string p = (temp_dir("qwen2") / "m").string();
+                     write_tiny_hf_dir(p, c, GgmlType::F32, 13);
+                     return p;
+                   }});
+  cases.push_back({"hf-qwen3-f32-hd128-qknorm-gqa4", [] {
+                     ModelConfig c = tiny("qwen3", 256, 8, 2, 128);
+                     c.qk_norm = true;
+                     c.rope_theta = 1000000.0f;
+                     const std::string p = (temp_dir("qwen3") / "m").string();
+                     write_tiny_hf_dir(p, c, GgmlType::F32, 14);
+                     return p;
+                   }});
+  return cases;
+}
+
+std::vector<int32_t> test_prompt(int n, int n_vocab) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) p[size_t(i)] = int32_t((i * 7919 + 13) % n_vocab);
+  return p;
+}
+
+// bf16 storage (weights, activations, the residual stream between ops, KV)
+// against the CPU's f32: measured on the H200, logits agree to 0.7–1.4e-2 in
+// relative L2 (bound 2e-2) and 0.3–1.7e-2 of their scale at worst (bound
+// 3e-2), so with dense attention greedy argmax can only differ where the
+// CPU's top-2 margin is below 2 × 3e-2 of the scale. Sparse presets select
+// tokens by scores computed from those inputs: near-equal scores may pick
+// other tokens (a discrete change), so their decode steps are held to a
+// looser 1.5e-1 (measured 4–9e-2) and the step where tokens part is
+// reported, not bounded.
+constexpr double kRelL2 = 2e-2, kMaxAbs = 3e-2, kSparseRelL2 = 1.5e-1;
+
+TEST(GpuModel, GreedyAndLogitsMatchCpuForEveryModelAndPreset) {
+  KVT_REQUIRE_GPU();
+  for (const ModelCase& mc : model_cases()) {
+    Model model(open_model_source(mc.write()));
+    auto gpu = make_gpu_model(model);
+    const auto prompt = test_prompt(200, model.config().n_vocab);
+    for (const std::string policy : {"full", "yakv", "oracle"}) {
+      const GreedyRun cpu = greedy(model, nullptr, policy, prompt, 64, 32);
+      const GreedyRun got = greedy(model, gpu.get(), policy, prompt, 64, 32);
+      const Agreement a = compare(cpu, got);
+      std::printf("[gpu-vs-cpu] %-34s %-6s same %2d/32  prefill rel-L2 %.1e  max rel-L2 %.1e  max|d|/scale %.1e  "
+                  "min top-2 %.1e  top-2 at split %.1e\n",
+                  mc.name.c_str(), policy.c_str(), a.n_same, a.first_rel_l2, a.max_rel_l2, a.max_abs, a.min_margin,
+                  a.margin_at_split);
+      const std::string what = mc.name + " " + policy;
+      EXPECT_LT(a.first_rel_l2, kRelL2) << what;  // prefill is dense in every preset
+      if (policy == "full") {
+        EXPECT_LT(a.max_rel_l2, kRelL2) << what;
+        EXPECT_LT(a.max_abs, kMaxAbs) << what;
+        if (a.n_same < 32) EXPECT_LT(a.margin_at_split, 2 * kMaxAbs) << what << ": split at step " << a.n_same;
+      } else {
+        EXPECT_LT(a.max_rel_l2, kSparseRelL2) << what;
+        if (a.n_same == 0) EXPECT_LT(a.margin_at_split, 2 * kMaxAbs) << what << ": the prefill's token differs";
+      }
+    }
+  }
+}
+
+TEST(GpuModel, PrefillChunkingDoesNotChangeTheResult) {
+  KVT_REQUIRE_GPU();
+  const ModelCase mc = model_cases()[0];
+  Model model(open_model_source(mc.write()));
+  auto gpu = make_gpu_model(model);
+  const auto prompt = test_prompt(150, model.config().n_vocab);
+  const GreedyRun one = greedy(model, gpu.get(), "full", prompt, 150, 4);
+  const GreedyRun chunked = greedy(model, gpu.get(), "full", prompt, 16, 4);
+  const Agreement a = compare(one, chunked);
+  EXPECT_LT(a.max_rel_l2, kRelL2);
+}
+
+TEST(GpuModel, EngineRunsOnCudaAndMatchesCpuLogits) {
+  KVT_REQUIRE_GPU();
+  const std::string path = model_cases()[2].write();  // qwen2 HF dir (no tokenizer needed)
+  EngineOptions o;
+  o.model_path = path;
+  o.prefill_chunk = 32;
+  auto cpu = Engine::load(o);
+  o.device = "cuda";
+  auto gpu = Engine::load(o);
+  const auto prompt = test_prompt(100, cpu->config().n_vocab);
+  const auto lc = cpu->logits(prompt), lg = gpu->logits(prompt);  // [n_tok, n_vocab]
+  ASSERT_EQ(lc.size(), lg.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < lc.size(); ++i) {
+    num += (double(lg[i]) - lc[i]) * (double(lg[i]) - lc[i]);
+    den += double(lc[i]) * lc[i];
+  }
+  std::printf("[gpu-vs-cpu] engine logits over 100 tokens: rel-L2 %.2e\n", std::sqrt(num / den));
+  EXPECT_LT(std::sqrt(num / den), kRelL2);
+  SamplingParams s;
+  s.max_new_tokens = 8;
+  s.ignore_eos = true;
+  for (const std::string policy : {"full", "yakv"}) {
+    const GenerationResult r = gpu->generate(prompt, s, policy);
+    EXPECT_EQ(r.tokens.size(), 8u) << policy;
+    if (policy == "full") EXPECT_GT(r.kv_memory.gpu_bytes, 0);
+    else EXPECT_GT(r.kv_memory.host_bytes, 0);
+  }
+}
+
+TEST(GpuModel, UnsupportedShapesAndDevicesGiveClearErrors) {
+  KVT_REQUIRE_GPU();
+  // The committed HF fixture has head_dim 16.
+  Model model(open_model_source(std::string(KVT_SOURCE_DIR) + "/tests/fixtures/hf_tiny_llama"));
+  try {
+    make_gpu_model(model);
+    FAIL() << "head_dim 16 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("head_dim 16"), std::string::npos) << e.what();
+  }
+  EngineOptions o;
+  o.model_path = std::string(KVT_SOURCE_DIR) + "/tests/fixtures/hf_tiny_qwen2";
+  o.device = "tpu";
+  EXPECT_THROW(Engine::load(o), Error);
+}
+
+}  // namespace
+}  // namespace kvtier
