@@ -5,6 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install_deps.sh
-./scripts/build.sh
+KVT_TARGET=kvtier ./scripts/build.sh
 prompt=${PROMPT:-"Explain in three sentences why a KV cache grows with context length."}
 exec ./build/tools/kvtier run -m models/cache/SmolLM2-135M-Instruct.Q4_1.gguf -p "$prompt" -n 200 "$@"
