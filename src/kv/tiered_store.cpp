@@ -10,6 +10,17 @@
 #include "ops/attention/attention.h"
 
 namespace kvtier {
+
+namespace {
+AttentionParams attention_params(const KvGeometry& g, float scale) {
+  AttentionParams ap;
+  ap.n_head = g.n_head;
+  ap.n_kv_head = g.n_kv_head;
+  ap.head_dim = g.head_dim;
+  ap.scale = scale;
+  return ap;
+}
+}  // namespace
 namespace {
 
 void check_geometry(const KvGeometry& g) {
@@ -205,11 +216,7 @@ void TieredKvStore::attend_one(int layer, const float* q, float scale, int64_t n
                 host_v.data() + i * D);
     }
   // 5. attend to each part, merge by log-sum-exp
-  AttentionParams ap;
-  ap.n_head = QH;
-  ap.n_kv_head = H;
-  ap.head_dim = D;
-  ap.scale = scale;
+  const AttentionParams ap = attention_params(g_, scale);
   std::vector<float> lse_a(QH), lse_b(QH), out_b(size_t(QH) * D);
   attention_gathered(ap, q, res_k.data(), res_v.data(), res_ptr.data(), out, lse_a.data());
   attention_gathered(ap, q, host_k.data(), host_v.data(), host_ptr.data(), out_b.data(),
@@ -224,11 +231,7 @@ void TieredKvStore::attend(int layer, const float* q, int n_tok, float scale, fl
   const int64_t n = n_tok_[layer];
   KVT_CHECK(n_tok >= 1 && n_tok <= n, "kv store: attend to {} queries with {} tokens held",
             n_tok, n);
-  AttentionParams ap;
-  ap.n_head = g_.n_head;
-  ap.n_kv_head = g_.n_kv_head;
-  ap.head_dim = g_.head_dim;
-  ap.scale = scale;
+  const AttentionParams ap = attention_params(g_, scale);
   if (phase_ == KvPhase::prefill) {
     attention_causal(ap, q, n_tok, dense_k_[layer].data(), dense_v_[layer].data(), n, out);
     return;
@@ -291,11 +294,7 @@ void FullKvStore::attend(int layer, const float* q, int n_tok, float scale, floa
   const int64_t n = n_tok_[layer];
   KVT_CHECK(n_tok >= 1 && n_tok <= n, "kv store: attend to {} queries with {} tokens held",
             n_tok, n);
-  AttentionParams ap;
-  ap.n_head = g_.n_head;
-  ap.n_kv_head = g_.n_kv_head;
-  ap.head_dim = g_.head_dim;
-  ap.scale = scale;
+  const AttentionParams ap = attention_params(g_, scale);
   attention_causal(ap, q, n_tok, k_[layer].data(), v_[layer].data(), n, out);
 }
 
