@@ -183,5 +183,25 @@ TEST(MultiNeedleGen, BuildsFromTheRealData) {
   EXPECT_GT(s.prompt.find("</Document>"), s.prompt.find(last->needle));
 }
 
+// The reference answer of every generated task scores 100 (it is what the
+// model writes after answer_prefix), and a truncated one does not.
+TEST(ReferenceAnswer, ScoresFullMarksForEveryTask) {
+  if (!std::filesystem::exists(data_root() + "/needlebench/needles.jsonl"))
+    GTEST_SKIP() << "no ../shared/data beside the repository";
+  const TaskSource source{data_root(), "", count_words};
+  for (const std::string task : {"text2json-gen", "multineedle", "niah_single", "niah_multikey", "niah_multivalue",
+                                 "niah_multiquery", "vt", "cwe", "fwe", "longproc-0.5k"}) {
+    const auto samples = make_samples(task, 3000, 4, 11, source);
+    ASSERT_FALSE(samples.empty()) << task;
+    for (const auto& s : samples) {
+      ASSERT_FALSE(s.reference.empty()) << s.id;
+      const auto full = score_prediction(score_family(task), s.reference, s.gold);
+      EXPECT_DOUBLE_EQ(full.score, 1.0) << s.id << ": " << s.reference;
+      const auto half = score_prediction(score_family(task), s.reference.substr(0, s.reference.size() / 2), s.gold);
+      EXPECT_LT(half.score, 1.0) << s.id << ": " << s.reference;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvtier::bench

@@ -16,6 +16,10 @@ struct BenchSample {
   // longproc {"gt": str}; ruler {"outputs": [..], "metric": "all"|"part"}.
   nlohmann::json gold;
   int64_t n_tokens = 0;  // prompt length in the generating tokenizer (0: unknown)
+  // An answer that scores 100 (what follows answer_prefix): the targets that
+  // train the project's long-context model (train/), and a check of the
+  // scorers. Empty when the task has none (none is missing today).
+  std::string reference;
 };
 
 }  // namespace kvtier::bench

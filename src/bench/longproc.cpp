@@ -122,6 +122,7 @@ BenchSample make_longproc_sample(const std::string& dir, const std::string& user
                                               {"filtering_instruction", task.filtering_instruction},
                                               {"tsv_header", task.tsv_header}});
   s.gold = {{"gt", task.gt}};
+  s.reference = "```tsv\n" + task.gt + "\n```";
   return s;
 }
 

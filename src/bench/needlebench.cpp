@@ -48,16 +48,26 @@ std::vector<Needle> unique_needles(const std::vector<Needle>& all, const std::st
   return out;
 }
 
+namespace {
+
+// The answer format a needle's question asks for ("The ruler of the Orion star
+// system is________").
+std::string answer_format(const Needle& n) {
+  const auto quoted = split_on(n.retrieval_question, "'");
+  KVT_CHECK(quoted.size() >= 2, "needle retrieval_question without a quoted answer format: {}",
+            n.retrieval_question);
+  return split_on(quoted[1], ".")[0];
+}
+
+}  // namespace
+
 std::string multineedle_question(const std::vector<Needle>& needles) {
   std::vector<std::string> questions, formats;
   for (const Needle& n : needles) {
     const size_t q = n.retrieval_question.find('?');
     KVT_CHECK(q != std::string::npos, "needle retrieval_question without '?': {}", n.retrieval_question);
     questions.push_back(n.retrieval_question.substr(0, q) + "?");
-    const auto quoted = split_on(n.retrieval_question, "'");
-    KVT_CHECK(quoted.size() >= 2, "needle retrieval_question without a quoted answer format: {}",
-              n.retrieval_question);
-    formats.push_back(split_on(quoted[1], ".")[0]);
+    formats.push_back(answer_format(n));
   }
   // NeedleBench joins with the ideographic comma in English too.
   return join(questions, "\xE3\x80\x81") + "Please answer in the format of '" + join(formats, "\xE3\x80\x81") + "'";
@@ -106,6 +116,9 @@ BenchSample make_multineedle_sample(const NeedleBenchData& data, int64_t target_
   s.prompt = std::move(c.text);
   s.n_tokens = c.n_tokens;
   s.gold = {{"keywords", keywords}, {"depths", depths}};
+  std::vector<std::string> answers;  // the asked format, blanks filled, in question order
+  for (const Needle& n : needles) answers.push_back(replace_all(answer_format(n), "________", n.arg2));
+  s.reference = join(answers, "\xE3\x80\x81");
   return s;
 }
 

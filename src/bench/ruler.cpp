@@ -244,6 +244,8 @@ BenchSample make_ruler_sample(const std::string& task, const Strings& essays, in
   s.prompt = std::move(c.text);
   s.n_tokens = c.n_tokens;
   s.gold = {{"outputs", outputs}, {"metric", metric}};
+  // Every output, in RULER's comma-separated style (vt: space-separated).
+  s.reference = task == "vt" ? join(outputs, " ") : " " + join(outputs, ", ") + ".";
   return s;
 }
 

@@ -46,6 +46,7 @@ std::vector<BenchSample> load_text2json_file(const std::string& path) {
     }
     KVT_CHECK(parsed.is_array(), "{}: field 'answer' must hold a JSON list, got {}", where, parsed.type_name());
     s.gold = {{"answer", answer}};
+    s.reference = answer;
     out.push_back(std::move(s));
   }
   return out;

@@ -391,6 +391,7 @@ BenchSample make_text2json_sample(const Text2JsonGenOptions& o, const std::vecto
   s.prompt = std::move(c.text);
   s.n_tokens = c.n_tokens;
   s.gold = {{"answer", answer.dump()}};
+  s.reference = answer.dump();
   return s;
 }
 
