@@ -1,19 +1,25 @@
 // kvtier gen: writes benchmark samples as JSONL — Text2JSON-style samples in
 // the official {"problem", "answer"} format, MultiNeedle and RULER-style
-// samples with their gold — at a target length in the model's tokens.
+// samples with their gold — at a target length in the model's tokens. With
+// --ids each record also carries the token ids a model is trained on: the
+// prompt exactly as `kvtier bench` feeds it (chat template, answer prefix)
+// and the reference answer closed by the end-of-turn token.
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include "bench/jsonl.h"
 #include "bench/tasks.h"
 #include "bench/text2json_gen.h"
+#include "bench/training_ids.h"
 #include "bench/needlebench.h"
 #include "bench_paths.h"
 #include "command.h"
 #include "core/status.h"
 #include "loader/model_source.h"
 #include "options.h"
+#include "tokenizer/tokenizer.h"
 
 namespace kvtier::tools {
 namespace {
@@ -27,14 +33,26 @@ struct GenArgs {
   int64_t tokens = 4096;
   int64_t n = 10;
   uint64_t seed = 1;
+  bool ids = false;
 };
+
+// The tokenizer of a GGUF file, of a model directory, or of a directory that
+// holds only tokenizer.json (+ tokenizer_config.json): a model being trained.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (fs::is_directory(path) && !fs::exists(fs::path(path) / "config.json")) {
+    const fs::path json = fs::path(path) / "tokenizer.json", config = fs::path(path) / "tokenizer_config.json";
+    KVT_CHECK(fs::exists(json), "gen: '{}' has neither config.json nor tokenizer.json", path);
+    return Tokenizer::from_hf(json.string(), fs::exists(config) ? config.string() : "");
+  }
+  const ModelSource src = open_model_source(path);
+  return src.gguf ? Tokenizer::from_gguf(*src.gguf) : Tokenizer::from_hf(src.tokenizer_json, src.tokenizer_config_json);
+}
 
 void gen(const GenArgs& a) {
   const std::string task = a.task == "text2json" ? "text2json-gen" : a.task;
   KVT_CHECK(!a.output.empty(), "gen: need an output file (-o)");
-  const ModelSource src = open_model_source(a.model);
-  std::unique_ptr<Tokenizer> tok = src.gguf ? Tokenizer::from_gguf(*src.gguf)
-                                            : Tokenizer::from_hf(src.tokenizer_json, src.tokenizer_config_json);
+  std::unique_ptr<Tokenizer> tok = load_tokenizer(a.model);
   bench::CountTokens count = [&](const std::string& s) { return static_cast<int64_t>(tok->encode(s, false, false).size()); };
   std::vector<bench::BenchSample> samples;
   if (task == "text2json-gen" && !a.domain.empty()) {
@@ -66,6 +84,12 @@ void gen(const GenArgs& a) {
     }
     rec["id"] = s.id;
     rec["n_tokens"] = s.n_tokens;
+    rec["reference"] = s.reference;
+    if (a.ids) {
+      const bench::TrainingIds t = bench::training_ids(*tok, s);
+      rec["prompt_ids"] = t.prompt;
+      rec["answer_ids"] = t.answer;
+    }
     out << rec.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
   }
   KVT_CHECK(out.good(), "gen: writing '{}' failed", a.output);
@@ -83,7 +107,10 @@ Registration reg(72, [](CLI::App& app) {
   cmd->add_option("--n", a->n, "number of samples")->capture_default_str();
   cmd->add_option("--seed", a->seed, "generation seed")->capture_default_str();
   cmd->add_option("--domain", a->domain, "text2json: products | medical | organizations | movies (default: by index)");
-  cmd->add_option("-m,--model", a->model, "model whose tokenizer measures the length")->capture_default_str();
+  cmd->add_option("-m,--model", a->model,
+                  "model whose tokenizer measures the length (GGUF, model directory, or a directory with tokenizer.json)")
+      ->capture_default_str();
+  cmd->add_flag("--ids", a->ids, "also write prompt_ids (chat-formatted, as bench feeds it) and answer_ids (reference + end of turn)");
   cmd->add_option("--data", a->data, "benchmark data folder (../shared/data)")->capture_default_str();
   cmd->add_option("-o,--output", a->output, "output JSONL")->required();
   cmd->callback([a] { gen(*a); });
