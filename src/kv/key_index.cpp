@@ -227,19 +227,13 @@ void KeyIndex::score(int layer, const float* q, float scale, int64_t n_chunk, fl
   const int group = QH / H;
   KVT_CHECK(n_chunk <= n_chunks_[layer], "key index: {} chunks asked, {} indexed", n_chunk,
             n_chunks_[layer]);
-  const float* mir = mirror_[layer].data();
+  const float* mir = mirror_[layer].data();  // [n_chunk, n_kv_head, head_dim] f32
   std::vector<float> raw(size_t(QH) * n_chunk);  // [n_head, n_chunk]
-  for (int h = 0; h < QH; ++h) {
-    const float* qh = q + size_t(h) * D;
-    const int g = h / group;
-    float* r = raw.data() + size_t(h) * n_chunk;
-    for (int64_t c = 0; c < n_chunk; ++c) {
-      const float* k = mir + (c * H + g) * D;
-      float s = 0;
-      for (int d = 0; d < D; ++d) s += qh[d] * k[d];
-      r[c] = s * scale;
-    }
-  }
+  // One GEMM per KV head: its group's queries [group, D] against the head's
+  // landmark rows (stride n_kv_head * D) -> raw rows [group, n_chunk].
+  for (int g = 0; g < H && n_chunk > 0; ++g)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, group, int(n_chunk), D, scale, q + size_t(g) * group * D, D,
+                mir + size_t(g) * D, H * D, 0.0f, raw.data() + size_t(g) * group * n_chunk, int(n_chunk));
   aggregate_gqa(p_.gqa, QH, H, n_chunk, raw.data(), out);
 }
 
