@@ -165,6 +165,7 @@ class CudaSequence final : public GpuSequence {
  private:
   void reserve_cache(int64_t n_ctx);
   void attend_gpu(int layer, int64_t pos0, int n_tok);
+  void append_host(int layer, KvStore& kv, int n_tok);
   void attend_host(int layer, KvStore& kv, int n_tok);
 
   CudaModel& m_;
@@ -186,6 +187,8 @@ class CudaSequence final : public GpuSequence {
   DeviceBuffer h_;      // [cap, n_ff] bf16
   DeviceBuffer logits_; // [cap, n_vocab] f32
   // `full`: the cache, [n_layer, ctx_cap, n_kv_head, head_dim] bf16 each.
+  // Other policies: the same, holding the prompt while the store's prefill is
+  // dense (attention on the GPU), freed when decoding starts.
   DeviceBuffer kc_, vc_;
   int64_t ctx_cap_ = 0, n_cached_ = 0;
   DeviceBuffer part_out_, part_lse_;  // [n_split, n_head, head_dim], [n_split, n_head] f32
@@ -307,17 +310,24 @@ void bf16_to_f32_rows(const PinnedBuffer& src, std::vector<float>& dst, size_t n
   for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(b[i]);
 }
 
-void CudaSequence::attend_host(int layer, KvStore& kv, int n_tok) {
-  const size_t nq = size_t(n_tok) * size_t(q_dim_), nk = size_t(n_tok) * size_t(kv_dim_);
-  cuda::copy_d2h_async(h_q_.host(), q_.data(), nq * 2, s_);
+// The layer's new keys (before and after RoPE) and values into the host store.
+void CudaSequence::append_host(int layer, KvStore& kv, int n_tok) {
+  const size_t nk = size_t(n_tok) * size_t(kv_dim_);
   cuda::copy_d2h_async(h_k_.host(), k_.data(), nk * 2, s_);
   cuda::copy_d2h_async(h_v_.host(), v_.data(), nk * 2, s_);
   KVT_CUDA_CHECK(cudaStreamSynchronize(s_));
-  bf16_to_f32_rows(h_q_, f_q_, nq);
   bf16_to_f32_rows(h_kpre_, f_kpre_, nk);
   bf16_to_f32_rows(h_k_, f_k_, nk);
   bf16_to_f32_rows(h_v_, f_v_, nk);
   kv.append(layer, f_kpre_.data(), f_k_.data(), f_v_.data(), n_tok);
+}
+
+void CudaSequence::attend_host(int layer, KvStore& kv, int n_tok) {
+  const size_t nq = size_t(n_tok) * size_t(q_dim_);
+  append_host(layer, kv, n_tok);
+  cuda::copy_d2h_async(h_q_.host(), q_.data(), nq * 2, s_);
+  KVT_CUDA_CHECK(cudaStreamSynchronize(s_));
+  bf16_to_f32_rows(h_q_, f_q_, nq);
   kv.attend(layer, f_q_.data(), n_tok, 1.0f / std::sqrt(float(c_.head_dim)), f_att_.data());
   uint16_t* a = h_att_.host<uint16_t>();
   for (size_t i = 0; i < nq; ++i) a[i] = f32_to_bf16(f_att_[i]);
@@ -331,9 +341,16 @@ void CudaSequence::forward(const int32_t* tokens, int n_tok, int64_t pos0, KvSto
   KVT_CHECK(n_logits >= 0 && n_logits <= n_tok, "GPU forward: n_logits {} out of [0, {}]", n_logits, n_tok);
   for (int t = 0; t < n_tok; ++t)
     KVT_CHECK(tokens[t] >= 0 && tokens[t] < c.n_vocab, "token id {} out of vocabulary ({})", tokens[t], c.n_vocab);
-  if (native_) {
+  // Dense prefill of an offloading store: attention over the GPU copy of the
+  // prompt (the same function as the store's), K/V appended to the store.
+  const bool gpu_prefill = !native_ && kv.dense_attention_now();
+  if (native_ || gpu_prefill) {
     KVT_CHECK(pos0 == n_cached_, "GPU forward: position {} but {} tokens are cached", pos0, n_cached_);
     reserve_cache(pos0 + n_tok);
+  } else if (ctx_cap_ > 0) {  // decoding from the store: the prompt's GPU copy is no longer needed
+    kc_ = DeviceBuffer();
+    vc_ = DeviceBuffer();
+    ctx_cap_ = 0;
   }
   std::vector<int64_t> positions(static_cast<size_t>(n_tok));  // [n_tok]
   for (int t = 0; t < n_tok; ++t) positions[size_t(t)] = pos0 + t;
@@ -365,7 +382,8 @@ void CudaSequence::forward(const int32_t* tokens, int n_tok, int64_t pos0, KvSto
                c.rope_interleaved, s_);
     cuda::rope(k_.data(), n_tok, kv_dim_, c.n_kv_head, hd, pos_.data<int64_t>(), m_.inv_freq_.data<float>(),
                c.rope_interleaved, s_);
-    if (native_) attend_gpu(l, pos0, n_tok);  // att: [n_tok, n_head, hd]
+    if (gpu_prefill) append_host(l, kv, n_tok);
+    if (native_ || gpu_prefill) attend_gpu(l, pos0, n_tok);  // att: [n_tok, n_head, hd]
     else attend_host(l, kv, n_tok);
     gemm.run(n_tok, E, q_dim_, att_.data(), L.wo.data(), delta_.data(), s_);
 
@@ -376,7 +394,7 @@ void CudaSequence::forward(const int32_t* tokens, int n_tok, int64_t pos0, KvSto
     gemm.run(n_tok, E, c.n_ff, h_.data(), L.w_down.data(), delta_.data(), s_);
     delta = delta_.data();
   }
-  if (native_) n_cached_ += n_tok;
+  if (native_ || gpu_prefill) n_cached_ += n_tok;
   if (n_logits > 0) {
     cuda::add_rmsnorm(x_.data(), delta, m_.out_norm_.data(), n_tok, E, c.rms_eps, xb_.data(), s_);
     const uint16_t* last = xb_.data<uint16_t>() + size_t(n_tok - n_logits) * size_t(E);  // [n_logits, n_embd]

@@ -11,9 +11,11 @@
 //   KvStore passed to forward() is left untouched (memory() reports the GPU
 //   cache instead).
 // - every other policy (yakv, oracle, shadowkv, analysis...): the CPU store
-//   keeps selecting and storing: each layer's new k/v (and q) are copied to
-//   the host, appended to the store, and its attention output copied back.
-//   Correct for every preset, but one synchronization per layer.
+//   keeps selecting and storing: each layer's new k/v are copied to the host
+//   and appended to the store. While a tiered store's prefill is dense, the
+//   GPU attends over its own bf16 copy of the prompt (freed when decoding
+//   starts); in decode, q goes to the host and the store's attention output
+//   comes back. Correct for every preset, but one synchronization per layer.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -53,6 +53,11 @@ class KvStore {
   // to decode after the prompt (policies build their indexes then).
   virtual void set_phase(KvPhase phase) = 0;
 
+  // True while attend() would be plain causal attention over every appended
+  // token at bf16 precision or better (a tiered store's dense prefill): a GPU
+  // backend may then attend itself and only append here.
+  virtual bool dense_attention_now() const { return false; }
+
   virtual int64_t n_tokens(int layer) const = 0;
   virtual KvMemory memory() const = 0;
   virtual std::string describe() const = 0;  // the resolved policy, one line

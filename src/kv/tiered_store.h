@@ -34,6 +34,7 @@ class TieredKvStore : public KvStore {
   void append(int layer, const float* k_pre, const float* k, const float* v, int n_tok) override;
   void attend(int layer, const float* q, int n_tok, float scale, float* out) override;
   void set_phase(KvPhase phase) override;
+  bool dense_attention_now() const override { return phase_ == KvPhase::prefill; }
   int64_t n_tokens(int layer) const override { return n_tok_[layer]; }
   KvMemory memory() const override;
   std::string describe() const override;
