@@ -1,0 +1,104 @@
+"""Training batches from the project's own generators.
+
+Each batch is a pure function of (seed, step, stage): `kvtier gen --ids`
+writes samples of every task at a length drawn from the stage's range, with
+the prompt exactly as `kvtier bench` feeds it (chat template, answer prefix)
+and the reference answer closed by <|im_end|>. One sample per row, padded.
+Loss weights: 1 on answer tokens, PROMPT_WEIGHT on prompt tokens (the
+document's own language modelling helps copying heads form), 0 on padding.
+All samples of a batch share one drawn prompt length, so rows are cut to the
+longest sample (rounded up to 64) and padding stays small.
+"""
+import json
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass
+
+import numpy as np
+
+# Task mix: the Text2JSON-style generator (four domains, by sample index),
+# MultiNeedle and the RULER-style tasks.
+MIX = {"text2json": 0.55, "multineedle": 0.20, "niah_single": 0.04, "niah_multikey": 0.04,
+       "niah_multivalue": 0.04, "niah_multiquery": 0.04, "vt": 0.03, "cwe": 0.03, "fwe": 0.03}
+PROMPT_WEIGHT = 0.05
+SEED_BASE = 1_000_000  # training seeds never meet the benchmark's (small) seeds
+
+
+@dataclass(frozen=True)
+class Stage:
+    row: int         # most tokens per row (prompt + answer + padding)
+    lo: int          # prompt length range, tokens of the user message
+    hi: int
+    share: float     # share of the training budget
+
+
+# Curriculum: short, dense samples first, then longer contexts up to 32K.
+STAGES = [Stage(2048, 512, 1536, 0.15), Stage(4608, 1536, 3584, 0.20), Stage(9216, 3584, 8192, 0.20),
+          Stage(17408, 7168, 16384, 0.20), Stage(34816, 14336, 32768, 0.25)]
+SMOKE_STAGES = [Stage(1536, 512, 900, 0.5), Stage(2560, 900, 1800, 0.5)]
+
+
+@dataclass(frozen=True)
+class Job:
+    step: int
+    stage: int
+    row: int
+    lo: int
+    hi: int
+    tokens: int      # per batch, roughly
+    seed: int
+    kvtier: str
+    tokenizer_dir: str
+    data: str
+
+
+def gen(job, task, n, tokens, seed, workdir):
+    out = os.path.join(workdir, f"{task}.jsonl")
+    r = subprocess.run([job.kvtier, "gen", "--task", task, "--tokens", str(tokens), "--n", str(n), "--seed",
+                        str(seed), "--ids", "-m", job.tokenizer_dir, "--data", job.data, "-o", out],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"kvtier gen {task} --tokens {tokens} failed: {r.stderr.strip()[-400:]}")
+    with open(out, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def build_batch(job: Job):
+    """tokens [n_rows, row] int32, weights [n_rows, row] float32 (weights[i] is
+    the weight of predicting tokens[i + 1]), and counts for the log."""
+    rng = np.random.default_rng([job.seed, job.step])
+    names = list(MIX)
+    probs = np.array([MIX[t] for t in names])
+    length = int(rng.integers(job.lo, job.hi + 1))
+    n_rows = max(1, round(job.tokens / (length + 300)))
+    tasks = rng.choice(len(names), size=n_rows, p=probs / probs.sum())
+    tokens = np.zeros((n_rows, job.row), dtype=np.int32)
+    weights = np.zeros((n_rows, job.row), dtype=np.float32)
+    stats = {"rows": 0, "dropped": 0, "answer_tokens": 0, "tokens": 0, "gen_errors": []}
+    row, longest = 0, 1
+    with tempfile.TemporaryDirectory() as work:
+        for ti in sorted(set(tasks.tolist())):
+            n = int((tasks == ti).sum())
+            seed = SEED_BASE + job.seed * 100_003 + job.step
+            try:
+                recs = gen(job, names[ti], n, length, seed, work)
+            except RuntimeError as e:  # logged by the trainer; its rows stay padding
+                stats["gen_errors"].append(str(e))
+                continue
+            for rec in recs:
+                p, a = rec["prompt_ids"], rec["answer_ids"]
+                if len(p) + len(a) > job.row:
+                    stats["dropped"] += 1
+                    continue
+                seq = p + a
+                tokens[row, :len(seq)] = seq
+                weights[row, :len(p) - 1] = PROMPT_WEIGHT
+                weights[row, len(p) - 1:len(seq) - 1] = 1.0
+                stats["rows"] += 1
+                stats["answer_tokens"] += len(a)
+                stats["tokens"] += len(seq)
+                longest = max(longest, len(seq))
+                row += 1
+    cut = min(job.row, -(-longest // 64) * 64)
+    return job.step, tokens[:, :cut], weights[:, :cut], stats
