@@ -229,11 +229,11 @@ void KeyIndex::score(int layer, const float* q, float scale, int64_t n_chunk, fl
             n_chunks_[layer]);
   const float* mir = mirror_[layer].data();  // [n_chunk, n_kv_head, head_dim] f32
   std::vector<float> raw(size_t(QH) * n_chunk);  // [n_head, n_chunk]
-  // One GEMM per KV head: its group's queries [group, D] against the head's
-  // landmark rows (stride n_kv_head * D) -> raw rows [group, n_chunk].
-  for (int g = 0; g < H && n_chunk > 0; ++g)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, group, int(n_chunk), D, scale, q + size_t(g) * group * D, D,
-                mir + size_t(g) * D, H * D, 0.0f, raw.data() + size_t(g) * group * n_chunk, int(n_chunk));
+  // One GEMV per query head against its KV head's landmark rows (stride
+  // n_kv_head * D): a GEMM with 1-2 query rows would pack all the rows first.
+  for (int h = 0; h < QH && n_chunk > 0; ++h)
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, int(n_chunk), D, scale, mir + size_t(h / group) * D, H * D,
+                q + size_t(h) * D, 1, 0.0f, raw.data() + size_t(h) * n_chunk, 1);
   aggregate_gqa(p_.gqa, QH, H, n_chunk, raw.data(), out);
 }
 
