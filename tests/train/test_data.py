@@ -1,0 +1,75 @@
+"""The training batches of train/data.py, built with the real `kvtier gen`:
+every task generates at the curriculum's extreme lengths, rows hold the
+prompt then the answer closed by <|im_end|>, the loss weights mark exactly
+those spans, and a batch is a pure function of (seed, step, stage)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+np = pytest.importorskip("numpy")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "train"))
+import data as D  # noqa: E402
+
+KVTIER = os.environ.get("KVTIER_BIN", os.path.join(ROOT, "build", "tools", "kvtier"))
+TOK = os.path.join(ROOT, "models", "kvtier-longctx-19m")
+DATA = os.path.join(ROOT, "..", "shared", "data")
+IM_START, IM_END = 1, 2
+
+pytestmark = pytest.mark.skipif(not os.path.exists(os.path.join(DATA, "needlebench", "needles.jsonl")),
+                                reason="no ../shared/data beside the repository")
+
+
+def job(step, stage, tokens=6000):
+    s = D.SMOKE_STAGES[stage]
+    return D.Job(step=step, stage=stage, row=s.row, lo=s.lo, hi=s.hi, tokens=tokens, seed=5, kvtier=KVTIER,
+                 tokenizer_dir=TOK, data=DATA)
+
+
+@pytest.mark.parametrize("length", [D.STAGES[0].lo, D.STAGES[-1].hi])
+def test_every_task_generates_at_the_curriculum_extremes(tmp_path, length):
+    for task in D.MIX:
+        recs = D.gen(job(0, 0), task, 1, length, 123, str(tmp_path))
+        assert len(recs) == 1, task
+        p, a = recs[0]["prompt_ids"], recs[0]["answer_ids"]
+        assert a[-1] == IM_END and len(a) >= 2, task
+        assert len(p) + len(a) <= D.STAGES[-1].row, (task, len(p), len(a))
+
+
+def test_rows_and_weights():
+    _, tokens, weights, stats = D.build_batch(job(3, 1))
+    assert not stats["gen_errors"]
+    assert tokens.shape == weights.shape and tokens.shape[1] % 64 == 0 and tokens.shape[1] <= D.SMOKE_STAGES[1].row
+    assert stats["rows"] == tokens.shape[0] and stats["rows"] >= 2
+    assert set(np.unique(weights).tolist()) <= {0.0, float(np.float32(D.PROMPT_WEIGHT)), 1.0}
+    for t, w in zip(tokens, weights):
+        ans = np.flatnonzero(w == 1.0)
+        prompt = np.flatnonzero(w == D.PROMPT_WEIGHT)
+        assert ans.size > 0 and prompt.size > 0
+        assert np.all(np.diff(ans) == 1), "one answer span"
+        assert prompt[0] == 0 and prompt[-1] + 1 == ans[0], "prompt, then answer"
+        last = ans[-1] + 1  # weights[i] is the weight of predicting tokens[i + 1]
+        assert t[last] == IM_END, "the answer ends with the end-of-turn token"
+        assert np.all(w[last:] == 0) and np.all(t[last + 1:] == 0), "padding after it"
+        # The assistant header right before the answer: <|im_start|> ... twice (user, assistant).
+        assert (t[:ans[0] + 1] == IM_START).sum() == 2
+    assert stats["tokens"] == int((weights > 0).sum()) + tokens.shape[0]
+
+
+def test_batches_are_a_function_of_seed_step_and_stage():
+    a = D.build_batch(job(7, 0))
+    b = D.build_batch(job(7, 0))
+    c = D.build_batch(job(8, 0))
+    assert np.array_equal(a[1], b[1]) and np.array_equal(a[2], b[2])
+    assert a[1].shape != c[1].shape or not np.array_equal(a[1], c[1])
+
+
+def test_a_failing_generator_is_reported_not_fatal(tmp_path):
+    bad = D.Job(step=0, stage=0, row=1536, lo=600, hi=600, tokens=3000, seed=1, kvtier=KVTIER,
+                tokenizer_dir=str(tmp_path), data=DATA)  # no tokenizer.json there
+    _, tokens, weights, stats = D.build_batch(bad)
+    assert stats["gen_errors"] and stats["rows"] == 0 and not weights.any()
+    assert "tokenizer.json" in stats["gen_errors"][0]
