@@ -9,7 +9,7 @@ fraction of the budget spent; each stage's first step is logged, and
 --stage-steps with --total-steps replays a logged run's schedule by step
 (the data of a step depends only on the seed, the step and its stage).
 
-    python3 train/train.py --kvtier .device/bin/kvtier --budget 980 --deadline 505 \\
+    python3 train/train.py --kvtier build/tools/kvtier --budget 980 --deadline 505 \\
         --ckpt out/train --export models/kvtier-longctx-19m
 """
 import argparse
