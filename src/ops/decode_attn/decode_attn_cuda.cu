@@ -1,8 +1,12 @@
-// Split-K decode attention. One block of 128 threads per (row, split), cut
-// into lane groups of D/8 lanes (half-warps for head_dim 128, quarter-warps
-// for 64); the lanes of a group share one token (8 dims each, one 16-byte
-// bf16 or 8-byte fp8 load for K and one for V) and keep the online softmax of
-// all G query heads of the KV head, so every K/V byte is read once for the group.
+// Split-K decode attention on mma.sync tensor cores. One block of 4 warps per
+// (row, split); the warps take interleaved 16-token tiles of the split and
+// each keeps its own online softmax. The GQA group's G query heads are the
+// rows of the A operand (rows G..15 zero), so S = Q·Kᵀ of a 16-token tile is
+// 2 × D/16 mma and every K/V byte is read once for the whole group. P is
+// split into bf16 hi + lo parts for P·V (two mma each), which keeps the
+// result at f32 accuracy. Tiles go global → shared with per-warp cp.async,
+// double-buffered, rows XOR-swizzled for ldmatrix; FP8 tiles are widened to
+// bf16 in shared memory first. Slots come from idx when given (-1 = skip).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -14,156 +18,251 @@
 namespace kvtier::cuda {
 namespace {
 
-constexpr int kThreads = 128;
+constexpr int kWarps = 4, kThreads = kWarps * 32, kTile = 16;
+constexpr int kBlocksPerSm = 2;  // head_dim 128: ~210 registers per thread, 64 KB of shared memory per block
 constexpr float kLog2e = 1.4426950408889634f;
 
-template <KvElt E>
-struct EltLoad;
-template <>
-struct EltLoad<KvElt::bf16> {
-  using Raw = uint4;
-  static __device__ __forceinline__ Raw load(const uint8_t* row, int sub) {
-    return __ldg(reinterpret_cast<const uint4*>(row) + sub);
-  }
-  static __device__ __forceinline__ void unpack(const Raw& raw, float* v) {
-    const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __bfloat1622float2(b[i]);
-      v[2 * i] = f.x;
-      v[2 * i + 1] = f.y;
-    }
-  }
-};
-template <>
-struct EltLoad<KvElt::fp8> {
-  using Raw = uint2;
-  static __device__ __forceinline__ Raw load(const uint8_t* row, int sub) {
-    return __ldg(reinterpret_cast<const uint2*>(row) + sub);
-  }
-  static __device__ __forceinline__ void unpack(const Raw& raw, float* v) {
-    const __nv_fp8x2_e4m3* b = reinterpret_cast<const __nv_fp8x2_e4m3*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = float2(b[i]);
-      v[2 * i] = f.x;
-      v[2 * i + 1] = f.y;
-    }
-  }
-};
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
+// Element offset of (row, col) in a [rows, D] bf16 tile, col a multiple of 8.
+template <int D>
+__device__ __forceinline__ int swz(int row, int col) {
+  return row * D + (((col >> 3) ^ (row & 7)) << 3);
+}
 
 template <KvElt E, int G, int D>
-__global__ void __launch_bounds__(kThreads) decode_attn_kernel(DecodeAttnParams p, const __nv_bfloat16* __restrict__ q,
+__global__ void __launch_bounds__(kThreads, 2) decode_attn_kernel(DecodeAttnParams p, const __nv_bfloat16* __restrict__ q,
                                                                const uint8_t* __restrict__ k,
                                                                const uint8_t* __restrict__ v,
                                                                const int32_t* __restrict__ idx,
                                                                float* __restrict__ part_out,
                                                                float* __restrict__ part_lse) {
-  using L = EltLoad<E>;
-  constexpr int kLanes = D / 8, kTokGroups = kThreads / kLanes;  // lanes per token, tokens in flight
-  __shared__ float sm_m[kTokGroups][G], sm_l[kTokGroups][G];
-  __shared__ float sm_acc[kTokGroups][G][D];
+  constexpr bool kFp8 = E == KvElt::fp8;
+  constexpr int kTileBytes = kTile * D * 2;  // one of K or V as bf16
+  constexpr int kRawRow = kFp8 ? D : 2 * D;  // bytes of a K (or V) row in memory
+  constexpr int kRawChunks = kRawRow / 16;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, tig = lane & 3;
+  // Per warp 4 tile-sizes: bf16 = 2 stages × (K, V); FP8 = 2 raw stages × (K, V) at half size + one widened (K, V).
+  unsigned char* ws = smem + warp * 4 * kTileBytes;
   const int64_t r = blockIdx.y;  // row = seq * n_kv_head + kv head
-  const int split = blockIdx.x;
   const int seq = int(r / p.n_kv_head), kvh = int(r % p.n_kv_head);
-  const int hw = threadIdx.x / kLanes, sub = threadIdx.x % kLanes;
   const float qscale = p.scale * kLog2e;  // scores in log2 units
 
-  float qv[G][8];
+  // Q as A fragments straight from global: row g < G is head kvh·G + g.
+  uint32_t qf[D / 16][4];
+  {
+    const __nv_bfloat16* qh = q + (int64_t(seq) * p.n_head + kvh * G + (g < G ? g : 0)) * D;
 #pragma unroll
-  for (int g = 0; g < G; ++g) {
-    const __nv_bfloat16* qh = q + (int64_t(seq) * p.n_head + kvh * G + g) * D + sub * 8;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) qv[g][i] = __bfloat162float(qh[i]) * qscale;
-  }
-  float m[G], l[G], acc[G][8];
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    m[g] = -INFINITY;
-    l[g] = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) acc[g][i] = 0.f;
+    for (int kk = 0; kk < D / 16; ++kk) {
+      qf[kk][0] = g < G ? *reinterpret_cast<const uint32_t*>(qh + kk * 16 + tig * 2) : 0u;
+      qf[kk][2] = g < G ? *reinterpret_cast<const uint32_t*>(qh + kk * 16 + 8 + tig * 2) : 0u;
+      qf[kk][1] = qf[kk][3] = 0u;
+    }
   }
   const int64_t chunk = (p.n_tok + p.n_split - 1) / p.n_split;
-  const int64_t j0 = split * chunk, j1 = min(p.n_tok, j0 + chunk);
+  const int64_t j0 = int64_t(blockIdx.x) * chunk, j1 = min(p.n_tok, j0 + chunk);
+  const int n_tiles = j1 > j0 ? int((j1 - j0 + kTile - 1) / kTile) : 0;
   const uint8_t* kr = k + r * p.row_stride;
   const uint8_t* vr = v + r * p.row_stride;
   const int32_t* ir = idx ? idx + r * p.idx_stride : nullptr;
 
-  constexpr int U = 2;
-  for (int64_t jb0 = j0; jb0 < j1; jb0 += kTokGroups * U) {  // uniform trip count
-    const int64_t jb = jb0 + hw;
-    typename L::Raw kraw[U], vraw[U];
-    bool ok[U];
+  // Issues the copies of tile `t` into stage `st`; returns its valid-token mask.
+  auto issue = [&](int t, int st) -> uint32_t {
+    const int64_t jt = j0 + int64_t(t) * kTile;
+    int64_t my_slot = -1;
+    if (lane < kTile && jt + lane < j1) my_slot = ir ? ir[jt + lane] : jt + lane;
+    const uint32_t valid = __ballot_sync(0xffffffffu, my_slot >= 0);
+    unsigned char* kd = ws + st * (kFp8 ? kTileBytes : 2 * kTileBytes);
+    unsigned char* vd = kd + (kFp8 ? kTileBytes / 2 : kTileBytes);
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t j = jb + u * kTokGroups;
-      int64_t slot = j < j1 ? (ir ? ir[j] : j) : -1;
-      ok[u] = slot >= 0;
-      if (ok[u]) {
-        kraw[u] = L::load(kr + slot * p.tok_stride, sub);
-        vraw[u] = L::load(vr + slot * p.tok_stride, sub);
+    for (int c = lane; c < kTile * kRawChunks; c += 32) {
+      const int tok = c / kRawChunks, cc = c % kRawChunks;
+      const int64_t slot = __shfl_sync(0xffffffffu, my_slot, tok);
+      const bool ok = slot >= 0;
+      const int64_t off = (ok ? slot : 0) * p.tok_stride + cc * 16;
+      // bf16 rows land swizzled (ldmatrix reads them); FP8 rows land plain (widened later).
+      const int at = kFp8 ? tok * kRawRow + cc * 16 : 2 * swz<D>(tok, cc * 8);
+      cp_async16(kd + at, kr + off, ok);
+      cp_async16(vd + at, vr + off, ok);
+    }
+    return valid;
+  };
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m_row[2] = {-INFINITY, -INFINITY}, l_row[2] = {0.f, 0.f};
+
+  uint32_t valid_next = warp < n_tiles ? issue(warp, 0) : 0u;
+  cp_async_commit();
+  for (int t = warp, i = 0; t < n_tiles; t += kWarps, ++i) {
+    const uint32_t valid = valid_next;
+    if (t + kWarps < n_tiles) valid_next = issue(t + kWarps, (i + 1) & 1);
+    cp_async_commit();
+    cp_async_wait1();
+    __syncwarp();
+    const __nv_bfloat16* ck;
+    const __nv_bfloat16* cv;
+    if constexpr (kFp8) {
+      const unsigned char* kd = ws + (i & 1) * kTileBytes;
+      const unsigned char* vd = kd + kTileBytes / 2;
+      auto* wk = reinterpret_cast<__nv_bfloat16*>(ws + 2 * kTileBytes);
+      auto* wv = wk + kTile * D;
+#pragma unroll
+      for (int c = lane; c < kTile * kRawChunks; c += 32) {
+        const int tok = c / kRawChunks, cc = c % kRawChunks;
+#pragma unroll
+        for (int kv = 0; kv < 2; ++kv) {
+          const uint4 raw = *reinterpret_cast<const uint4*>((kv ? vd : kd) + tok * kRawRow + cc * 16);
+          const __nv_fp8x2_e4m3* f = reinterpret_cast<const __nv_fp8x2_e4m3*>(&raw);
+          uint32_t w[8];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) w[e] = bf16x2_bits(__float22bfloat162_rn(float2(f[e])));
+          __nv_bfloat16* dst = kv ? wv : wk;
+          *reinterpret_cast<uint4*>(dst + swz<D>(tok, cc * 16)) = make_uint4(w[0], w[1], w[2], w[3]);
+          *reinterpret_cast<uint4*>(dst + swz<D>(tok, cc * 16 + 8)) = make_uint4(w[4], w[5], w[6], w[7]);
+        }
       }
+      __syncwarp();
+      ck = wk;
+      cv = wv;
+    } else {
+      ck = reinterpret_cast<const __nv_bfloat16*>(ws + (i & 1) * 2 * kTileBytes);
+      cv = ck + kTile * D;
+    }
+    // S = Q Kᵀ for the 16 tokens (two n8 tiles).
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t b[4];
+      ldmatrix_x4(b, ck + swz<D>((lane & 7) + ((lane >> 4) & 1) * 8, kk * 16 + ((lane >> 3) & 1) * 8));
+      mma16816(s[0], qf[kk], b[0], b[1]);
+      mma16816(s[1], qf[kk], b[2], b[3]);
+    }
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = n * 8 + tig * 2 + (e & 1);
+        const float x = (valid >> key) & 1u ? s[n][e] * qscale : -INFINITY;
+        s[n][e] = x;
+        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+      }
+    float corr[2], m_use[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 1));
+      mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 2));
+      const float m_new = fmaxf(m_row[rr], mx[rr]);
+      m_use[rr] = m_new == -INFINITY ? 0.f : m_new;
+      corr[rr] = exp2f(m_row[rr] - m_use[rr]);
+      m_row[rr] = m_new;
+      l_row[rr] *= corr[rr];
     }
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      // All lane groups of a warp must reach the shuffles: a missing token
-      // computes on zeros and is masked out of the update.
-      float kf[8], vf[8];
-      if (!ok[u]) {
-        kraw[u] = {};
-        vraw[u] = {};
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pe = exp2f(s[n][e] - m_use[e >> 1]);
+        s[n][e] = pe;
+        l_row[e >> 1] += pe;
       }
-      L::unpack(kraw[u], kf);
-      L::unpack(vraw[u], vf);
 #pragma unroll
-      for (int g = 0; g < G; ++g) {
-        float s = 0.f;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) s += qv[g][i] * kf[i];
-#pragma unroll
-        for (int off = kLanes / 2; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off, kLanes);
-        if (!ok[u]) continue;
-        const float m_new = fmaxf(m[g], s);
-        const float corr = exp2f(m[g] - m_new);
-        const float w = exp2f(s - m_new);
-        l[g] = l[g] * corr + w;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[g][i] = acc[g][i] * corr + w * vf[i];
-        m[g] = m_new;
-      }
+    for (int n = 0; n < D / 8; ++n) {
+      o[n][0] *= corr[0];
+      o[n][1] *= corr[0];
+      o[n][2] *= corr[1];
+      o[n][3] *= corr[1];
     }
+    // O += P V with P = hi + lo (both bf16).
+    uint32_t hi[4], lo[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float x0 = s[e >> 1][(e & 1) * 2], x1 = s[e >> 1][(e & 1) * 2 + 1];
+      const __nv_bfloat162 h2 = __floats2bfloat162_rn(x0, x1);
+      const float2 hf = __bfloat1622float2(h2);
+      hi[e] = bf16x2_bits(h2);
+      lo[e] = bf16x2_bits(__floats2bfloat162_rn(x0 - hf.x, x1 - hf.y));
+    }
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, cv + swz<D>((lane & 7) + ((lane >> 3) & 1) * 8, dp * 16 + (lane >> 4) * 8));
+      mma16816(o[2 * dp], hi, b[0], b[1]);
+      mma16816(o[2 * dp + 1], hi, b[2], b[3]);
+      mma16816(o[2 * dp], lo, b[0], b[1]);
+      mma16816(o[2 * dp + 1], lo, b[2], b[3]);
+    }
+    __syncwarp();  // this stage is refilled by the next issue
   }
+  asm volatile("cp.async.wait_group 0;\n" ::);
+  // Merge the 4 warps: per warp m, l and O of rows 0..G-1 through shared memory.
+  __syncthreads();
+  float* sm_m = reinterpret_cast<float*>(smem);  // [kWarps][G]
+  float* sm_l = sm_m + kWarps * G;               // [kWarps][G]
+  float* sm_o = sm_l + kWarps * G;               // [kWarps][G][D]
+  {
+    float l = l_row[0];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (g < G) {
+      if (tig == 0) {
+        sm_m[warp * G + g] = m_row[0];
+        sm_l[warp * G + g] = l;
+      }
 #pragma unroll
-  for (int g = 0; g < G; ++g) {
-    if (sub == 0) {
-      sm_m[hw][g] = m[g];
-      sm_l[hw][g] = l[g];
+      for (int n = 0; n < D / 8; ++n) {
+        sm_o[(warp * G + g) * D + n * 8 + tig * 2] = o[n][0];
+        sm_o[(warp * G + g) * D + n * 8 + tig * 2 + 1] = o[n][1];
+      }
     }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) sm_acc[hw][g][sub * 8 + i] = acc[g][i];
   }
   __syncthreads();
   const int64_t n_qh = int64_t(p.n_seq) * p.n_head;
-  const int d = threadIdx.x;  // threads [0, D) own one output dim each
-  if (d >= D) return;  // after the block's last barrier
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
+  for (int e = threadIdx.x; e < G * D; e += kThreads) {
+    const int gg = e / D, d = e % D;
     float M = -INFINITY;
 #pragma unroll
-    for (int h = 0; h < kTokGroups; ++h) M = fmaxf(M, sm_m[h][g]);
-    float Lsum = 0.f, o = 0.f;
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sm_m[w * G + gg]);
+    float Lsum = 0.f, acc = 0.f;
     if (M > -INFINITY) {
 #pragma unroll
-      for (int h = 0; h < kTokGroups; ++h) {
-        const float w = exp2f(sm_m[h][g] - M);
-        Lsum += sm_l[h][g] * w;
-        o += sm_acc[h][g][d] * w;
+      for (int w = 0; w < kWarps; ++w) {
+        const float wt = exp2f(sm_m[w * G + gg] - M);
+        Lsum += sm_l[w * G + gg] * wt;
+        acc += sm_o[(w * G + gg) * D + d] * wt;
       }
     }
-    const int64_t qh = int64_t(seq) * p.n_head + kvh * G + g;
-    const int64_t part = p.part0 + split;
-    part_out[(part * n_qh + qh) * D + d] = Lsum > 0.f ? o / Lsum : 0.f;
+    const int64_t qh = int64_t(seq) * p.n_head + kvh * G + gg;
+    const int64_t part = p.part0 + blockIdx.x;
+    part_out[(part * n_qh + qh) * D + d] = Lsum > 0.f ? acc / Lsum : 0.f;
     if (d == 0) part_lse[part * n_qh + qh] = Lsum > 0.f ? (M + log2f(Lsum)) * 0.6931471805599453f : -INFINITY;
   }
 }
@@ -195,7 +294,9 @@ template <KvElt E, int G, int D>
 void launch(const DecodeAttnParams& p, const void* q, const uint8_t* k, const uint8_t* v, const int32_t* idx,
             float* po, float* pl, cudaStream_t s) {
   const dim3 grid(unsigned(p.n_split), unsigned(p.n_seq * p.n_kv_head));
-  decode_attn_kernel<E, G, D><<<grid, kThreads, 0, s>>>(p, static_cast<const __nv_bfloat16*>(q), k, v, idx, po, pl);
+  const int smem = kWarps * 4 * kTile * D * 2;
+  KVT_CUDA_CHECK(cudaFuncSetAttribute(decode_attn_kernel<E, G, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  decode_attn_kernel<E, G, D><<<grid, kThreads, smem, s>>>(p, static_cast<const __nv_bfloat16*>(q), k, v, idx, po, pl);
   KVT_CUDA_LAUNCH_CHECK("decode_attn_kernel");
 }
 
@@ -220,8 +321,9 @@ bool decode_attn_supports(int head_dim, int group) {
 }
 
 int decode_attn_splits(int64_t n_rows, int64_t n_tok, int64_t min_tokens) {
-  // ~8 blocks (32 warps) per SM: enough loads in flight to cover HBM latency.
-  const int64_t want = (int64_t(device_info().n_sm) * 8 + n_rows - 1) / std::max<int64_t>(1, n_rows);
+  // One wave of blocks (kBlocksPerSm per SM): 8 warps per SM, each with a
+  // 16-token tile in flight while it computes the previous one.
+  const int64_t want = (int64_t(device_info().n_sm) * kBlocksPerSm + n_rows - 1) / std::max<int64_t>(1, n_rows);
   const int64_t cap = std::max<int64_t>(1, n_tok / std::max<int64_t>(1, min_tokens));
   return int(std::max<int64_t>(1, std::min(want, cap)));
 }
@@ -232,7 +334,7 @@ void decode_attn(const DecodeAttnParams& p, const void* q_bf16, const uint8_t* k
   KVT_CHECK(p.n_kv_head > 0 && p.n_head % p.n_kv_head == 0, "decode_attn: n_head {} vs n_kv_head {}", p.n_head,
             p.n_kv_head);
   KVT_CHECK(p.n_split >= 1, "decode_attn: n_split {} < 1", p.n_split);
-  const int64_t align = p.elt == KvElt::bf16 ? 16 : 8;
+  const int64_t align = 16;  // cp.async moves 16-byte chunks
   KVT_CHECK(p.row_stride % align == 0 && p.tok_stride % align == 0 &&
                 reinterpret_cast<uintptr_t>(k) % align == 0 && reinterpret_cast<uintptr_t>(v) % align == 0,
             "decode_attn: K/V rows must be {}-byte aligned (row_stride {}, tok_stride {})", align, p.row_stride,

@@ -1,10 +1,15 @@
+// Flash attention, FA2 style, on mma.sync tensor cores (m16n8k16 bf16 → f32).
 // One block of 4 warps per (64-query tile, head); each warp owns 16 query
-// rows. Per 64-key tile: S = Q·Kᵀ on tensor cores (WMMA 16×16×16 bf16 → f32),
-// online softmax over shared memory (2 lanes per row), O (kept in shared
-// memory in f32, rescaled in place) += P·V. Heavy (late) query tiles are
-// scheduled first for causal load balance.
+// rows and keeps everything of them in registers: Q fragments, S = Q·Kᵀ of the
+// current 64-key tile, P = exp2(S − m) re-packed as the A operand of P·V
+// (the accumulator layout of two n8 tiles is the A layout of one k16 step),
+// and the f32 O accumulator. K and V tiles go global → shared with cp.async,
+// double-buffered (the next tile loads while this one is computed); shared
+// rows are XOR-swizzled in 16-byte chunks so that ldmatrix (plain for K,
+// .trans for V) is conflict-free. The blocks of one query tile run for all
+// heads back to back (heads on blockIdx.x) so a GQA group's K/V tile is read
+// from L2; heavy (late) query tiles are scheduled first.
 #include <cuda_bf16.h>
-#include <mma.h>
 
 #include "backend/cuda_backend.h"
 #include "ops/flash_prefill/flash_prefill_cuda.h"
@@ -12,163 +17,235 @@
 namespace kvtier::cuda {
 namespace {
 
-using namespace nvcuda;
-constexpr int kBQ = 64, kBK = 64, kWarps = 4;
+constexpr int kBQ = 64, kBK = 64, kWarps = 4, kThreads = kWarps * 32;
 constexpr float kLog2e = 1.4426950408889634f;
 
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global → shared; pred false writes zeros.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// c (16×8 f32) += a (16×16 bf16, row) · b (16×8 bf16, col)
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Element offset of (row, col) in a [rows, kD] bf16 tile, col a multiple of 8:
+// the 16-byte chunk index is XORed with row % 8.
 template <int kD>
-struct Smem {
-  __nv_bfloat16 k[kBK * kD];             // [key, dim]
-  __nv_bfloat16 v[kBK * kD];             // [key, dim]
-  float s[kWarps][16 * kBK];             // [warp][row, key]
-  __nv_bfloat16 pm[kWarps][16 * kBK];    // [warp][row, key]
-  float o[kWarps][16 * kD];              // [warp][row, dim]
-  float m[kWarps][16], l[kWarps][16];
-};
+__device__ __forceinline__ int swz(int row, int col) {
+  return row * kD + (((col >> 3) ^ (row & 7)) << 3);
+}
+
+// rows [0, kRows) of a tile starting at token t0 (tokens ≥ n zero-filled).
+template <int kD, int kRows>
+__device__ __forceinline__ void load_tile(__nv_bfloat16* dst, const __nv_bfloat16* src, int64_t t0, int64_t n,
+                                          int64_t tok_stride) {
+  constexpr int kChunks = kD / 8;
+#pragma unroll
+  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    const int64_t t = t0 + r;
+    const bool ok = t < n;
+    cp_async16(dst + swz<kD>(r, c * 8), src + (ok ? t : 0) * tok_stride + c * 8, ok);
+  }
+}
 
 template <int kD>
-__global__ void __launch_bounds__(kWarps * 32) flash_prefill_kernel(FlashPrefillParams p, const __nv_bfloat16* q,
-                                                                    const __nv_bfloat16* k,
-                                                                    const __nv_bfloat16* v,
-                                                                    __nv_bfloat16* out) {
+__global__ void __launch_bounds__(kThreads, 2) flash_prefill_kernel(FlashPrefillParams p,
+                                                                    const __nv_bfloat16* __restrict__ q,
+                                                                    const __nv_bfloat16* __restrict__ k,
+                                                                    const __nv_bfloat16* __restrict__ v,
+                                                                    __nv_bfloat16* __restrict__ out) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  Smem<kD>& sm = *reinterpret_cast<Smem<kD>*>(smem_raw);
+  auto* sk = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [2][kBK, kD]
+  auto* sv = sk + 2 * kBK * kD;                            // [2][kBK, kD]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, tig = lane & 3;  // mma fragment row group / thread in group
+  const int h = blockIdx.x, kvh = h / (p.n_head / p.n_kv_head);
   const int64_t n_qt = (p.n_q + kBQ - 1) / kBQ;
-  const int64_t qt = n_qt - 1 - blockIdx.x;
-  const int h = blockIdx.y, g = h / (p.n_head / p.n_kv_head);
-  const int64_t q0 = qt * kBQ;
+  const int64_t q0 = (n_qt - 1 - blockIdx.y) * kBQ;
   const int64_t pos0 = p.n_kv - p.n_q + q0;  // position of query q0
   const float sl2 = p.scale * kLog2e;
   const int64_t out_stride = p.out_tok_stride ? p.out_tok_stride : p.q_tok_stride;
+  const __nv_bfloat16* kh = k + int64_t(kvh) * kD;
+  const __nv_bfloat16* vh = v + int64_t(kvh) * kD;
 
-  // Q rows of this warp → the K tile buffer (reused), then fragments.
-  {
-    __nv_bfloat16* qs = sm.k + warp * 16 * kD;
-    for (int i = lane; i < 16 * kD / 8; i += 32) {
-      const int r = i / (kD / 8), c = i % (kD / 8);
-      const int64_t t = q0 + warp * 16 + r;
-      uint4 val = make_uint4(0, 0, 0, 0);
-      if (t < p.n_q) val = *reinterpret_cast<const uint4*>(q + t * p.q_tok_stride + int64_t(h) * kD + c * 8);
-      reinterpret_cast<uint4*>(qs)[i] = val;
-    }
-  }
-  __syncthreads();
-  wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> qf[kD / 16];
-#pragma unroll
-  for (int kk = 0; kk < kD / 16; ++kk) wmma::load_matrix_sync(qf[kk], sm.k + warp * 16 * kD + kk * 16, kD);
-  for (int i = lane; i < 16 * kD; i += 32) sm.o[warp][i] = 0.f;
-  if (lane < 16) {
-    sm.m[warp][lane] = -INFINITY;
-    sm.l[warp][lane] = 0.f;
-  }
   const int64_t kv_end = min(p.n_kv, pos0 + kBQ);
-  for (int64_t kv0 = 0; kv0 < kv_end; kv0 += kBK) {
-    __syncthreads();  // previous tile (and the Q staging) consumed
-    for (int i = threadIdx.x; i < kBK * kD / 8; i += kWarps * 32) {
-      const int r = i / (kD / 8), c = i % (kD / 8);
-      const int64_t t = kv0 + r;
-      uint4 kv_k = make_uint4(0, 0, 0, 0), kv_v = make_uint4(0, 0, 0, 0);
-      if (t < p.n_kv) {
-        const int64_t off = t * p.kv_tok_stride + int64_t(g) * kD + c * 8;
-        kv_k = *reinterpret_cast<const uint4*>(k + off);
-        kv_v = *reinterpret_cast<const uint4*>(v + off);
-      }
-      reinterpret_cast<uint4*>(sm.k)[i] = kv_k;
-      reinterpret_cast<uint4*>(sm.v)[i] = kv_v;
+  const int n_tiles = int((kv_end + kBK - 1) / kBK);
+
+  // Q staged through the second K buffer, then held as A fragments.
+  load_tile<kD, kBQ>(sk + kBK * kD, q + int64_t(h) * kD, q0, p.n_q, p.q_tok_stride);
+  cp_async_commit();
+  load_tile<kD, kBK>(sk, kh, 0, p.n_kv, p.kv_tok_stride);
+  load_tile<kD, kBK>(sv, vh, 0, p.n_kv, p.kv_tok_stride);
+  cp_async_commit();
+  cp_async_wait<1>();
+  __syncthreads();
+  uint32_t qf[kD / 16][4];
+  {
+    const __nv_bfloat16* sq = sk + kBK * kD;
+    const int r = warp * 16 + (lane & 15);
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) ldmatrix_x4(qf[kk], sq + swz<kD>(r, kk * 16 + (lane >> 4) * 8));
+  }
+  __syncthreads();  // the Q staging area is the next K buffer
+
+  float o[kD / 8][4];
+#pragma unroll
+  for (int n = 0; n < kD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m_row[2] = {-INFINITY, -INFINITY}, l_row[2] = {0.f, 0.f};
+  const int64_t qpos_lo = pos0 + warp * 16 + g;  // row g; row g + 8 is qpos_lo + 8
+
+  for (int j = 0; j < n_tiles; ++j) {
+    const int64_t kv0 = int64_t(j) * kBK;
+    if (j + 1 < n_tiles) {
+      const int nb = (j + 1) & 1;
+      load_tile<kD, kBK>(sk + nb * kBK * kD, kh, kv0 + kBK, p.n_kv, p.kv_tok_stride);
+      load_tile<kD, kBK>(sv + nb * kBK * kD, vh, kv0 + kBK, p.n_kv, p.kv_tok_stride);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
     }
     __syncthreads();
-    // S = Q Kᵀ
+    const __nv_bfloat16* ck = sk + (j & 1) * kBK * kD;
+    const __nv_bfloat16* cv = sv + (j & 1) * kBK * kD;
+
+    // S = Q Kᵀ: ldmatrix x4 gives the B fragments of two 8-key tiles.
+    float s[kBK / 8][4];
 #pragma unroll
-    for (int n = 0; n < kBK / 16; ++n) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-      wmma::fill_fragment(acc, 0.f);
+    for (int n = 0; n < kBK / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> kf;
-        wmma::load_matrix_sync(kf, sm.k + n * 16 * kD + kk * 16, kD);
-        wmma::mma_sync(acc, qf[kk], kf, acc);
-      }
-      wmma::store_matrix_sync(sm.s[warp] + n * 16, acc, kBK, wmma::mem_row_major);
-    }
-    __syncwarp();
-    // Online softmax, one row at a time across the warp (lane c and c+32
-    // own two keys): conflict-free shared-memory access, shuffle reductions.
-    for (int r = 0; r < 16; ++r) {
-      const int64_t qpos = pos0 + warp * 16 + r;
-      float* srow = sm.s[warp] + r * kBK;
-      float x[2];
-      float mx = -INFINITY;
+    for (int kk = 0; kk < kD / 16; ++kk) {
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int c = lane + 32 * j;
-        const int64_t kpos = kv0 + c;
-        x[j] = (kpos <= qpos && kpos < p.n_kv) ? srow[c] * sl2 : -INFINITY;
-        mx = fmaxf(mx, x[j]);
-      }
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-      const float m_old = sm.m[warp][r];
-      const float m_new = fmaxf(m_old, mx);
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;
-      const float corr = exp2f(m_old - m_use);
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const __nv_bfloat16 b = __float2bfloat16(exp2f(x[j] - m_use));
-        sm.pm[warp][r * kBK + lane + 32 * j] = b;
-        sum += __bfloat162float(b);  // normalize by what P·V actually sums
-      }
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-      float* orow = sm.o[warp] + r * kD;
-#pragma unroll
-      for (int j = 0; j < kD / 32; ++j) orow[lane + 32 * j] *= corr;
-      if (lane == 0) {
-        sm.l[warp][r] = sm.l[warp][r] * corr + sum;
-        sm.m[warp][r] = m_new;
+      for (int np = 0; np < kBK / 16; ++np) {
+        uint32_t b[4];
+        const int key = np * 16 + (lane & 7) + ((lane >> 4) & 1) * 8;
+        ldmatrix_x4(b, ck + swz<kD>(key, kk * 16 + ((lane >> 3) & 1) * 8));
+        mma16816(s[2 * np], qf[kk], b[0], b[1]);
+        mma16816(s[2 * np + 1], qf[kk], b[2], b[3]);
       }
     }
-    __syncwarp();
-    // O += P V
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> pf[kBK / 16];
+    // Online softmax on the two rows this thread holds (g and g + 8); a row
+    // is spread over the 4 threads of a quad.
+    const bool need_mask = kv0 + kBK - 1 > pos0;
+    float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) wmma::load_matrix_sync(pf[kk], sm.pm[warp] + kk * 16, kBK);
+    for (int n = 0; n < kBK / 8; ++n)
 #pragma unroll
-    for (int d = 0; d < kD / 16; ++d) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-      wmma::load_matrix_sync(acc, sm.o[warp] + d * 16, kD, wmma::mem_row_major);
-#pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> vf;
-        wmma::load_matrix_sync(vf, sm.v + kk * 16 * kD + d * 16, kD);
-        wmma::mma_sync(acc, pf[kk], vf, acc);
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1;
+        float x = s[n][e] * sl2;
+        if (need_mask) {
+          const int64_t kpos = kv0 + n * 8 + tig * 2 + (e & 1);
+          if (kpos > qpos_lo + 8 * r || kpos >= p.n_kv) x = -INFINITY;
+        }
+        s[n][e] = x;
+        mx[r] = fmaxf(mx[r], x);
       }
-      wmma::store_matrix_sync(sm.o[warp] + d * 16, acc, kD, wmma::mem_row_major);
+    float corr[2], m_use[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float m_new = fmaxf(m_row[r], mx[r]);
+      m_use[r] = m_new == -INFINITY ? 0.f : m_new;
+      corr[r] = exp2f(m_row[r] - m_use[r]);
+      m_row[r] = m_new;
     }
-    __syncwarp();
+    float sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int n = 0; n < kBK / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pe = exp2f(s[n][e] - m_use[e >> 1]);
+        s[n][e] = pe;
+        sum[e >> 1] += pe;
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l_row[r] = l_row[r] * corr[r] + sum[r];
+#pragma unroll
+    for (int n = 0; n < kD / 8; ++n) {
+      o[n][0] *= corr[0];
+      o[n][1] *= corr[0];
+      o[n][2] *= corr[1];
+      o[n][3] *= corr[1];
+    }
+    // O += P V: P's A fragment for keys [16kk, 16kk+16) is tiles 2kk, 2kk+1.
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) {
+      const uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                              pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+      for (int dp = 0; dp < kD / 16; ++dp) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, cv + swz<kD>(key, dp * 16 + (lane >> 4) * 8));
+        mma16816(o[2 * dp], pa, b[0], b[1]);
+        mma16816(o[2 * dp + 1], pa, b[2], b[3]);
+      }
+    }
+    __syncthreads();  // this buffer is refilled two tiles from now
   }
   // out = O / l
-  for (int i = lane; i < 16 * kD / 2; i += 32) {
-    const int r = i / (kD / 2), c = (i % (kD / 2)) * 2;
-    const int64_t t = q0 + warp * 16 + r;
-    if (t >= p.n_q) continue;
-    const float l = sm.l[warp][r];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = l_row[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
     const float inv = l > 0.f ? 1.f / l : 0.f;
-    const float2 o = make_float2(sm.o[warp][r * kD + c] * inv, sm.o[warp][r * kD + c + 1] * inv);
-    *reinterpret_cast<__nv_bfloat162*>(out + t * out_stride + int64_t(h) * kD + c) = __float22bfloat162_rn(o);
+    const int64_t t = q0 + warp * 16 + g + 8 * r;
+    if (t >= p.n_q) continue;
+    __nv_bfloat16* orow = out + t * out_stride + int64_t(h) * kD;
+#pragma unroll
+    for (int n = 0; n < kD / 8; ++n)
+      *reinterpret_cast<__nv_bfloat162*>(orow + n * 8 + tig * 2) =
+          __floats2bfloat162_rn(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
   }
 }
 
 template <int kD>
 void launch(const FlashPrefillParams& p, const void* q, const void* k, const void* v, void* out, cudaStream_t s) {
-  const size_t smem = sizeof(Smem<kD>);
-  KVT_CUDA_CHECK(cudaFuncSetAttribute(flash_prefill_kernel<kD>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const dim3 grid(unsigned((p.n_q + kBQ - 1) / kBQ), unsigned(p.n_head));
-  flash_prefill_kernel<kD><<<grid, kWarps * 32, smem, s>>>(p, static_cast<const __nv_bfloat16*>(q),
-                                                           static_cast<const __nv_bfloat16*>(k),
-                                                           static_cast<const __nv_bfloat16*>(v),
-                                                           static_cast<__nv_bfloat16*>(out));
+  const int smem = 4 * kBK * kD * 2;  // K and V, double-buffered
+  KVT_CUDA_CHECK(cudaFuncSetAttribute(flash_prefill_kernel<kD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const int64_t n_qt = (p.n_q + kBQ - 1) / kBQ;
+  KVT_CHECK(n_qt <= 65535, "flash_prefill: {} query tokens exceed the grid limit", p.n_q);
+  const dim3 grid(unsigned(p.n_head), unsigned(n_qt));
+  flash_prefill_kernel<kD><<<grid, kThreads, smem, s>>>(p, static_cast<const __nv_bfloat16*>(q),
+                                                        static_cast<const __nv_bfloat16*>(k),
+                                                        static_cast<const __nv_bfloat16*>(v),
+                                                        static_cast<__nv_bfloat16*>(out));
   KVT_CUDA_LAUNCH_CHECK("flash_prefill_kernel");
 }
 
@@ -184,6 +261,8 @@ void flash_prefill(const FlashPrefillParams& p, const void* q, const void* k, co
   KVT_CHECK(p.n_q >= 0 && p.n_q <= p.n_kv, "flash_prefill: n_q {} must be <= n_kv {}", p.n_q, p.n_kv);
   KVT_CHECK(p.q_tok_stride % 8 == 0 && p.kv_tok_stride % 8 == 0 && p.out_tok_stride % 8 == 0,
             "flash_prefill: token strides must be multiples of 8 elements");
+  const auto aligned = [](const void* x) { return reinterpret_cast<uintptr_t>(x) % 16 == 0; };
+  KVT_CHECK(aligned(q) && aligned(k) && aligned(v) && aligned(out), "flash_prefill: q, k, v, out must be 16-byte aligned");
   if (p.n_q == 0) return;
   // The one dispatch switch from the runtime head_dim to the kernel's tile width.
   switch (p.head_dim) {

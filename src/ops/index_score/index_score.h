@@ -4,10 +4,12 @@
 //
 // Index layouts (rows = (seq, kv head), row r starts at r * row_stride):
 //  * higgs2 landmarks: the record of QuantSpec "higgs2:g128" (ops/quant/
-//    quant_format.h) for head_dim 128: 32 bytes of EDEN4-256 grid indices
-//    (byte j codes rotated coordinates 4j..4j+3), then the bf16 scale
-//    ‖k‖/√128 — 34 bytes per token, records packed. The key was rotated by
-//    the orthonormal Hadamard (optionally after ±1 signs), so
+//    quant_format.h) for head_dim 128, 34 bytes per token, split into two
+//    planes per row so that every load is aligned and coalesced: the 32 bytes
+//    of EDEN4-256 grid indices of token t (byte j codes rotated coordinates
+//    4j..4j+3) at row + 32·t, its bf16 scale ‖k‖/√128 at
+//    row + scale_offset + 2·t (t counted from the start of the row). The key
+//    was rotated by the orthonormal Hadamard (optionally after ±1 signs), so
 //    q·k̂ = scale · Σ_j q_rot[4j..4j+3] · grid[code_j] with q_rot = H·D·q.
 //  * dense landmarks: head_dim bf16 or FP8-E4M3 (unscaled) values per token
 //    (ShadowKV's chunk means, or FP8 keys / landmarks).
@@ -30,6 +32,7 @@ struct IndexScoreParams {
   int64_t n_tok = 0;       // tokens scored per row
   int64_t tok_offset = 0;  // first scored token within each row
   int64_t row_stride = 0;  // bytes between rows of the index
+  int64_t scale_offset = 0;  // higgs2: byte offset of the scale plane in a row (>= 32 · (tok_offset + n_tok))
 };
 
 // Bytes of one token's index entry for `elt` at head_dim.

@@ -1,8 +1,12 @@
 // Index scoring on the GPU.
-// higgs2: per block, a lookup table lut[q][j][c] = q_rot[4j..4j+3]·grid[c]
-// (n_q × 32 × 256 f32) turns each token's score into 32 shared-memory reads
-// (the asymmetric-distance trick of product quantization); each 256-token tile
-// of 34-byte records is staged through shared memory with 16-byte loads.
+// higgs2: per block, a lookup table lut[q][c][j] = q_rot[4j..4j+3]·grid[c]
+// (n_q × 256 × 32 f32) turns a token's score into 32 shared-memory reads
+// (the asymmetric-distance trick of product quantization). A lane owns a
+// token and reads its 32 code bytes with two coalesced 16-byte loads. At step
+// s lane l looks up group j = s ^ l, so the 32 lanes of a warp hit 32
+// different groups = 32 different banks (the table is laid out [c][j]):
+// conflict-free whatever the codes. The lane's bytes are permuted once
+// (words by l / 4, bytes by l % 4) so that step s reads byte s.
 // dense: lanes of a group each own 16 bytes of a record (bf16: 16 lanes,
 // fp8: 8 lanes) and reduce by shuffles.
 #include <cuda_bf16.h>
@@ -14,60 +18,96 @@
 namespace kvtier::cuda {
 namespace {
 
-constexpr int kTile = 256;  // tokens per tile = threads per block
+constexpr int kScoreThreads = 256;
 
 template <int NQ>
-__global__ void __launch_bounds__(kTile) higgs2_score_kernel(IndexScoreParams p, const float* __restrict__ q,
-                                                             const uint8_t* __restrict__ index,
-                                                             const float* __restrict__ grid,
-                                                             float* __restrict__ scores) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  float* lut = reinterpret_cast<float*>(smem);                              // [NQ, 32, 256] f32
-  uint8_t* tile = smem + NQ * 32 * 256 * sizeof(float);                      // [kTile, 34] bytes
+__global__ void __launch_bounds__(kScoreThreads, 5) higgs2_score_kernel(IndexScoreParams p,
+                                                                         const float* __restrict__ q,
+                                                                         const uint8_t* __restrict__ index,
+                                                                         const float* __restrict__ grid,
+                                                                         float* __restrict__ scores) {
+  extern __shared__ float lut[];  // [NQ][256 codes][32 groups]
   const int64_t row = blockIdx.y;
-  const float* qr = q + row * NQ * 128;
-  for (int e = threadIdx.x; e < NQ * 8192; e += kTile) {
-    const int qi = e >> 13, j = (e >> 8) & 31, c = e & 255;
-    const float4 g = *reinterpret_cast<const float4*>(grid + 4 * c);
-    const float* qv = qr + qi * 128 + 4 * j;
-    lut[e] = qv[0] * g.x + qv[1] * g.y + qv[2] * g.z + qv[3] * g.w;
-  }
-  const uint8_t* rbase = index + row * p.row_stride + p.tok_offset * kHiggs2RecordBytes;
-  float* out = scores + row * p.n_tok;
-  const int64_t n_tiles = (p.n_tok + kTile - 1) / kTile;
-  for (int64_t tl = blockIdx.x; tl < n_tiles; tl += gridDim.x) {
-    const int64_t t0 = tl * kTile;
-    const int n_in = p.n_tok - t0 < kTile ? int(p.n_tok - t0) : kTile;
-    const uint8_t* src = rbase + t0 * kHiggs2RecordBytes;
-    const int n_bytes = n_in * kHiggs2RecordBytes;
-    __syncthreads();  // previous tile consumed (and the LUT written, first time)
-    if ((reinterpret_cast<uintptr_t>(src) & 15) == 0) {
-      const int n_vec = n_bytes >> 4;
-      for (int i = threadIdx.x; i < n_vec; i += kTile)
-        reinterpret_cast<uint4*>(tile)[i] = __ldg(reinterpret_cast<const uint4*>(src) + i);
-      for (int i = (n_vec << 4) + threadIdx.x; i < n_bytes; i += kTile) tile[i] = src[i];
-    } else {
-      for (int i = threadIdx.x; i < n_bytes; i += kTile) tile[i] = src[i];
+  {
+    const int j = threadIdx.x & 31;  // fixed per thread: the stride is a multiple of 32
+    for (int qi = 0; qi < NQ; ++qi) {
+      const float4 qv = *reinterpret_cast<const float4*>(q + (row * NQ + qi) * 128 + 4 * j);
+      for (int e = threadIdx.x; e < 8192; e += kScoreThreads) {
+        const float4 g = __ldg(reinterpret_cast<const float4*>(grid) + (e >> 5));
+        lut[qi * 8192 + e] = qv.x * g.x + qv.y * g.y + qv.z * g.z + qv.w * g.w;
+      }
     }
-    __syncthreads();
-    if (threadIdx.x < n_in) {
-      const uint16_t* rec = reinterpret_cast<const uint16_t*>(tile + threadIdx.x * kHiggs2RecordBytes);
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  const uint8_t* rbase = index + row * p.row_stride;
+  const uint8_t* codes = rbase + p.tok_offset * 32;
+  const uint16_t* scales = reinterpret_cast<const uint16_t*>(rbase + p.scale_offset) + p.tok_offset;
+  float* out = scores + row * p.n_tok;
+  const uint32_t wsel = uint32_t(lane) >> 2, x = uint32_t(lane) & 3;
+  const uint32_t bsel = x | ((1 ^ x) << 4) | ((2 ^ x) << 8) | ((3 ^ x) << 12);
+  const int64_t warp_id = int64_t(blockIdx.x) * (kScoreThreads / 32) + (threadIdx.x >> 5);
+  const int64_t n_warps = int64_t(gridDim.x) * (kScoreThreads / 32);
+  // A warp scores kSlabs × 32 tokens per step; the next step's records are
+  // loaded while this step's are scored.
+  constexpr int kSlabs = 1;  // 2 measured slower on the H200 (80 registers: 3 blocks per SM instead of 5)
+  auto load = [&](int64_t t, uint4& a, uint4& b, float& scale) {
+    a = b = make_uint4(0, 0, 0, 0);
+    scale = 0.f;
+    if (t < p.n_tok) {
+      a = __ldg(reinterpret_cast<const uint4*>(codes + t * 32));
+      b = __ldg(reinterpret_cast<const uint4*>(codes + t * 32) + 1);
+      scale = __bfloat162float(__ushort_as_bfloat16(__ldg(scales + t)));
+    }
+  };
+  uint4 na[kSlabs], nb[kSlabs];
+  float nscale[kSlabs];
+  const int64_t step = n_warps * 32 * kSlabs;
+#pragma unroll
+  for (int u = 0; u < kSlabs; ++u) load(warp_id * 32 * kSlabs + u * 32 + lane, na[u], nb[u], nscale[u]);
+  for (int64_t t0 = warp_id * 32 * kSlabs; t0 < p.n_tok; t0 += step) {
+    uint4 a[kSlabs], b[kSlabs];
+    float scale[kSlabs];
+#pragma unroll
+    for (int u = 0; u < kSlabs; ++u) {
+      a[u] = na[u];
+      b[u] = nb[u];
+      scale[u] = nscale[u];
+      load(t0 + step + u * 32 + lane, na[u], nb[u], nscale[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kSlabs; ++u) {
+      const int64_t t = t0 + u * 32 + lane;
+      uint32_t w[8] = {a[u].x, a[u].y, a[u].z, a[u].w, b[u].x, b[u].y, b[u].z, b[u].w};
+      // w[i] ← w[i ^ wsel] (conditional swaps per bit), then byte k ← byte k ^ x:
+      // byte s of the result is code byte s ^ lane.
+#pragma unroll
+      for (int bit = 1; bit < 8; bit <<= 1) {
+        const bool f = (wsel & uint32_t(bit)) != 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          if (!(i & bit)) {
+            const uint32_t lo = w[i], hi = w[i | bit];
+            w[i] = f ? hi : lo;
+            w[i | bit] = f ? lo : hi;
+          }
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) w[i] = __byte_perm(w[i], 0, bsel);
       float acc[NQ];
 #pragma unroll
       for (int qi = 0; qi < NQ; ++qi) acc[qi] = 0.f;
 #pragma unroll
-      for (int w = 0; w < 16; ++w) {
-        const uint16_t two = rec[w];
-        const int c0 = two & 255, c1 = two >> 8;
+      for (int s = 0; s < 32; ++s) {
+        const uint32_t c = (w[s >> 2] >> (8 * (s & 3))) & 255u;
+        const uint32_t at = (c << 5) | (uint32_t(s) ^ uint32_t(lane));
 #pragma unroll
-        for (int qi = 0; qi < NQ; ++qi)
-          acc[qi] += lut[(qi * 32 + 2 * w) * 256 + c0] + lut[(qi * 32 + 2 * w + 1) * 256 + c1];
+        for (int qi = 0; qi < NQ; ++qi) acc[qi] += lut[qi * 8192 + at];
       }
-      const float scale = __bfloat162float(__ushort_as_bfloat16(rec[16]));
       float best = acc[0];
 #pragma unroll
       for (int qi = 1; qi < NQ; ++qi) best = fmaxf(best, acc[qi]);
-      out[t0 + threadIdx.x] = scale * best;
+      if (t < p.n_tok) out[t] = scale[u] * best;
     }
   }
 }
@@ -151,15 +191,15 @@ int blocks_per_row(Kernel k, int threads, size_t smem, int64_t work_items, int64
 template <int NQ>
 void launch_higgs2(const IndexScoreParams& p, const float* q, const uint8_t* index, const float* grid,
                    float* scores, cudaStream_t s) {
-  const size_t smem = size_t(NQ) * 32 * 256 * 4 + kTile * kHiggs2RecordBytes;
+  const size_t smem = size_t(NQ) * 256 * 32 * 4;
   auto k = higgs2_score_kernel<NQ>;
   KVT_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const int64_t n_rows = int64_t(p.n_seq) * p.n_kv_head;
-  const int64_t n_tiles = (p.n_tok + kTile - 1) / kTile;
-  // At least ~8 tiles per block so that building the LUT stays a small share.
-  int bx = blocks_per_row(k, kTile, smem, n_tiles, n_rows);
-  bx = int(std::max<int64_t>(1, std::min<int64_t>(bx, (n_tiles + 7) / 8 * 2)));
-  k<<<dim3(unsigned(bx), unsigned(n_rows)), kTile, smem, s>>>(p, q, index, grid, scores);
+  // Fill the GPU, but give each block at least ~8 warp-steps (8 × 32 tokens
+  // per warp) so that building the table stays a small share.
+  const int64_t per_block = (kScoreThreads / 32) * 32 * 8;
+  const int bx = blocks_per_row(k, kScoreThreads, smem, (p.n_tok + per_block - 1) / per_block, n_rows);
+  k<<<dim3(unsigned(bx), unsigned(n_rows)), kScoreThreads, smem, s>>>(p, q, index, grid, scores);
   KVT_CUDA_LAUNCH_CHECK("higgs2_score_kernel");
 }
 
@@ -214,6 +254,10 @@ void index_score(IndexElt elt, const IndexScoreParams& p, const float* q, const 
   if (p.n_tok <= 0) return;
   if (elt == IndexElt::higgs2) {
     KVT_CHECK(grid != nullptr, "index_score: higgs2 needs the EDEN4-256 grid");
+    KVT_CHECK(p.scale_offset >= 32 * (p.tok_offset + p.n_tok) && p.scale_offset % 2 == 0 &&
+                  p.row_stride % 16 == 0 && reinterpret_cast<uintptr_t>(index) % 16 == 0,
+              "index_score: higgs2 planes misplaced (scale_offset {}, row_stride {}, {} tokens from {})",
+              p.scale_offset, p.row_stride, p.n_tok, p.tok_offset);
     switch (p.n_q) {
       case 1: return launch_higgs2<1>(p, q, index, grid, scores, s);
       case 2: return launch_higgs2<2>(p, q, index, grid, scores, s);

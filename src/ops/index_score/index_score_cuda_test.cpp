@@ -32,6 +32,7 @@ TEST_P(IndexScoreCuda, MatchesReference) {
   const int64_t rec = index_record_bytes(c.elt, 128);
   const int64_t cap = c.tok_offset + c.n_tok + c.pad_tok;
   p.row_stride = (cap * rec + 15) / 16 * 16;
+  if (c.elt == IndexElt::higgs2) p.scale_offset = cap * 32;  // codes plane, then scales plane
   const int64_t n_rows = int64_t(c.n_seq) * c.n_kv_head;
   std::vector<uint8_t> index(size_t(n_rows * p.row_stride));
   std::uniform_int_distribution<int> byte(0, 255);
@@ -43,7 +44,7 @@ TEST_P(IndexScoreCuda, MatchesReference) {
       uint8_t* e = index.data() + r * p.row_stride + t * rec;
       if (c.elt == IndexElt::higgs2) {
         uint16_t sb = f32_to_bf16(std::abs(u(rng)));
-        std::memcpy(e + 32, &sb, 2);
+        std::memcpy(index.data() + r * p.row_stride + p.scale_offset + 2 * t, &sb, 2);
       } else if (c.elt == IndexElt::bf16) {
         for (int d = 0; d < 128; ++d) {
           uint16_t b = f32_to_bf16(u(rng));
@@ -74,6 +75,7 @@ INSTANTIATE_TEST_SUITE_P(
     Grid, IndexScoreCuda,
     ::testing::Values(Case{IndexElt::higgs2, 1, 8, 1, 4096, 0, 0}, Case{IndexElt::higgs2, 2, 3, 2, 1000, 4, 3},
                       Case{IndexElt::higgs2, 1, 2, 4, 257, 1, 5}, Case{IndexElt::higgs2, 1, 1, 1, 1, 0, 0},
+                      Case{IndexElt::higgs2, 2, 8, 1, 70000, 4, 7},
                       Case{IndexElt::bf16, 1, 8, 1, 4096, 0, 0}, Case{IndexElt::bf16, 2, 3, 4, 777, 5, 1},
                       Case{IndexElt::fp8, 1, 8, 1, 4099, 0, 0}, Case{IndexElt::fp8, 3, 2, 2, 33, 2, 9}));
 

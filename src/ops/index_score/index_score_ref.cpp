@@ -26,16 +26,22 @@ void index_score_ref(IndexElt elt, const IndexScoreParams& p, const float* q, co
                      const float* grid, float* scores) {
   const int64_t rec = index_record_bytes(elt, p.head_dim);
   KVT_CHECK(p.n_q >= 1 && p.n_q <= 4, "index_score: n_q {} not in 1..4", p.n_q);
+  const bool planar = elt == IndexElt::higgs2;
+  KVT_CHECK(!planar || (p.scale_offset >= 32 * (p.tok_offset + p.n_tok) &&
+                        p.scale_offset + 2 * (p.tok_offset + p.n_tok) <= p.row_stride),
+            "index_score: higgs2 scale plane at {} overlaps the codes or the next row (row_stride {})",
+            p.scale_offset, p.row_stride);
   for (int64_t r = 0; r < int64_t(p.n_seq) * p.n_kv_head; ++r) {
     for (int64_t t = 0; t < p.n_tok; ++t) {
-      const uint8_t* e = index + r * p.row_stride + (p.tok_offset + t) * rec;
+      const uint8_t* row = index + r * p.row_stride;
+      const uint8_t* e = row + (p.tok_offset + t) * (planar ? 32 : rec);
       double best = -INFINITY;
       for (int j = 0; j < p.n_q; ++j) {
         const float* qv = q + (r * p.n_q + j) * p.head_dim;
         double s = 0;
         if (elt == IndexElt::higgs2) {
           uint16_t scale_bits;
-          std::memcpy(&scale_bits, e + 32, 2);
+          std::memcpy(&scale_bits, row + p.scale_offset + 2 * (p.tok_offset + t), 2);
           for (int c = 0; c < 32; ++c)
             for (int i = 0; i < 4; ++i) s += double(qv[4 * c + i]) * grid[e[c] * 4 + i];
           s *= bf16_to_f32(scale_bits);

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <numeric>
 #include <random>
 
@@ -12,7 +13,7 @@ namespace kvtier::cuda {
 namespace {
 using namespace testing;
 
-enum class Fill { arange_shuffled, random, ties, negative };
+enum class Fill { arange_shuffled, random, ties, negative, constant, special };
 
 void check(int64_t n_rows, int64_t n, int k, Fill fill, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -25,6 +26,14 @@ void check(int64_t n_rows, int64_t n, int k, Fill fill, uint32_t seed) {
       std::iota(perm.begin(), perm.end(), 0);
       std::shuffle(perm.begin(), perm.end(), rng);
       for (int64_t i = 0; i < n; ++i) row[i] = float(perm[size_t(i)]);
+    } else if (fill == Fill::special) {
+      // Signed zeros, infinities and NaNs of both signs; 0xffffffff has order key 0.
+      const uint32_t bits[] = {0xffffffffu, 0xffc00000u, 0xff800000u, 0xbf800000u, 0x80000000u,
+                               0x00000000u, 0x3f800000u, 0x7f800000u, 0x7fc00000u, 0x7f800001u};
+      std::uniform_int_distribution<int> pick(0, 9);
+      for (int64_t i = 0; i < n; ++i) row[i] = std::bit_cast<float>(bits[pick(rng)]);
+    } else if (fill == Fill::constant) {
+      std::fill_n(row, n, 0.5f);
     } else {
       std::normal_distribution<float> g(0.f, 3.f);
       std::uniform_int_distribution<int> few(0, 7);
@@ -60,6 +69,30 @@ TEST(TopkCuda, ExactOnRandomTiesAndNegatives) {
       check(8, n, k, Fill::random, 11);
       check(2, n, k, Fill::ties, 12);
       check(2, n, k, Fill::negative, 13);
+    }
+}
+
+// A row is split over a cluster of blocks: rows shorter than the cluster,
+// lengths that are not multiples of 4, chunks longer than one register tile
+// (n > 131072), more rows than clusters fit on the GPU at once.
+TEST(TopkCuda, ExactAcrossClusterChunks) {
+  KVT_REQUIRE_GPU();
+  for (int64_t n : {2, 3, 5, 9, 31, 257, 1001})
+    for (int k : {1, int(n / 2), int(n - 1)}) check(3, n, k, Fill::arange_shuffled, uint32_t(n + k));
+  for (int64_t n : {131073, 300001})
+    for (int k : {1, 4096, 150000, int(n - 1)}) check(2, n, k, Fill::arange_shuffled, uint32_t(n ^ k));
+  check(40, 20000, 1000, Fill::random, 21);
+  check(40, 20000, 1000, Fill::ties, 22);
+}
+
+// Ties that span every block of the cluster: the lowest indices of the row win.
+TEST(TopkCuda, ExactOnConstantAndSpecialValues) {
+  KVT_REQUIRE_GPU();
+  for (int64_t n : {100, 4097, 131072, 131075})
+    for (int k : {1, 63, 4096}) {
+      check(2, n, k, Fill::constant, 31);
+      check(2, n, k, Fill::special, 32);
+      check(2, n, k, Fill::ties, 33);
     }
 }
 
