@@ -12,7 +12,7 @@ Registration reg(60, [](CLI::App& app) {
   cmd->add_option("--layers", opts->n_layer, "decoder layers (32 = Llama-3.1-8B)")->check(CLI::Range(1, 128));
   cmd->add_option("--contexts", opts->contexts, "context lengths in tokens")->delimiter(',');
   cmd->add_option("--batches", opts->batches, "batch sizes")->delimiter(',');
-  cmd->add_option("--policies", opts->policies, "full, yakv")->delimiter(',');
+  cmd->add_option("--policies", opts->policies, "full, shadowkv, yakv, yakv-noreuse")->delimiter(',');
   cmd->add_option("--prefill", opts->prefill_tokens, "prefill tokens to time (0 = skip)");
   cmd->add_option("--steps", opts->n_steps, "timed decode steps per configuration")->check(CLI::Range(1, 1000));
   cmd->add_flag("!--no-kernels", opts->kernels, "skip the kernel table");

@@ -15,6 +15,7 @@
 #include "ops/flash_prefill/flash_prefill_cuda.h"
 #include "ops/gather/gather_cuda.h"
 #include "ops/index_score/index_score_cuda.h"
+#include "ops/lowrank_k/lowrank_k_cuda.h"
 #include "ops/topk/topk_cuda.h"
 
 namespace kvtier::gpu {
@@ -40,6 +41,49 @@ double time_ms(cudaStream_t s, int reps, Fn&& fn) {
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+// Holds the stream for `ns` nanoseconds of GPU time.
+__global__ void spin_kernel(uint64_t ns) {
+  uint64_t t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+
+// One step with stage markers, queued behind a 200 ms spin so that the host
+// has enqueued the whole step before the GPU starts it: the stage times are
+// GPU time without host launch gaps (events cannot be timed inside graphs).
+void time_stages(DecodeState& st, cudaStream_t s) {
+  spin_kernel<<<1, 1, 0, s>>>(200'000'000ull);
+  KVT_CUDA_LAUNCH_CHECK("spin_kernel");
+  st.step(s, true);
+}
+
+// Median step (ms) when each decode step is one CUDA-graph launch: two graphs
+// are captured (the step alternates between two selection buffers) and
+// replayed in turn, so there is no per-kernel launch cost on the host.
+double time_graph_steps(DecodeState& st, cudaStream_t s, int reps) {
+  cudaGraph_t g[2] = {nullptr, nullptr};
+  cudaGraphExec_t ge[2] = {nullptr, nullptr};
+  for (int i = 0; i < 2; ++i) {
+    KVT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+    st.step(s, false);
+    KVT_CUDA_CHECK(cudaStreamEndCapture(s, &g[i]));
+    KVT_CUDA_CHECK(cudaGraphInstantiate(&ge[i], g[i], 0));
+  }
+  int which = 0;
+  const double ms = time_ms(s, reps, [&] {
+    KVT_CUDA_CHECK(cudaGraphLaunch(ge[which], s));
+    which ^= 1;
+  });
+  for (int i = 0; i < 2; ++i) {
+    KVT_CUDA_CHECK(cudaGraphExecDestroy(ge[i]));
+    KVT_CUDA_CHECK(cudaGraphDestroy(g[i]));
+  }
+  return ms;
 }
 
 struct KernelRow {
@@ -103,6 +147,7 @@ std::vector<KernelRow> kernel_table(cudaStream_t s) {
     p.n_kv_head = int(KV);
     p.n_tok = T;
     p.row_stride = (T * kHiggs2RecordBytes + 15) / 16 * 16;
+    p.scale_offset = T * 32;  // codes plane, then scales plane
     DeviceBuffer idx(size_t(KV * p.row_stride)), q(size_t(KV * 4 * hd * 4)), grid(4096), sc(size_t(KV * T * 4));
     cuda::fill_random_bytes(idx.data(), int64_t(idx.bytes()), 4, s);
     cuda::fill_uniform_f32(q.data<float>(), KV * 4 * hd, 5, -1, 1, s);
@@ -158,6 +203,32 @@ std::vector<KernelRow> kernel_table(cudaStream_t s) {
     rows.push_back({fmt::format("gather cudaMemcpyBatchAsync {} B entries x 32768", entry), "GB/s", mc, bytes / mc / 1e6,
                     pcie_gbs});
   }
+  // ShadowKV's key rebuild: 2048 selected tokens x 8 heads from a rank-160
+  // SVD of 128K pre-RoPE keys, RoPE included.
+  {
+    LowrankKParams p;
+    p.n_kv_head = int(KV);
+    p.head_dim = int(hd);
+    p.rank = 160;
+    p.k = 2048;
+    p.n_ctx = T;
+    p.a_seq_stride = T * p.rank;
+    p.b_seq_stride = int64_t(p.rank) * KV * hd;
+    p.out_row_stride = int64_t(p.k) * hd;
+    DeviceBuffer a(size_t(p.a_seq_stride * 2)), bm(size_t(p.b_seq_stride * 2)), out(size_t(KV * p.k * hd * 2)),
+        inv(size_t(hd / 2 * 4));
+    cuda::fill_uniform_bf16(a.data(), p.a_seq_stride, 14, -1, 1, s);
+    cuda::fill_uniform_bf16(bm.data(), p.b_seq_stride, 15, -0.1f, 0.1f, s);
+    cuda::fill_uniform_f32(inv.data<float>(), hd / 2, 16, 0, 1, s);
+    auto sel = sorted_selection(KV, T, p.k, 17);
+    DeviceBuffer d_sel(sel.size() * 4);
+    KVT_CUDA_CHECK(cudaMemcpy(d_sel.data(), sel.data(), sel.size() * 4, cudaMemcpyHostToDevice));
+    const double ms = time_ms(s, 20, [&] {
+      cuda::lowrank_k(p, a.data(), bm.data(), d_sel.data<int32_t>(), inv.data<float>(), out.data(), s);
+    });
+    const double flops = 2.0 * double(KV * p.k) * p.rank * double(hd);
+    rows.push_back({"rebuild keys: rank-160 SVD, 2048 x 8 heads (+RoPE)", "TFLOP/s", ms, flops / ms / 1e9, gemm_tflops});
+  }
   // Decode attention over 128K bf16 tokens, batch 1 (32 q heads / 8 KV heads).
   {
     DeviceBuffer kv(size_t(2 * KV * T * hd * 2)), q(size_t(32 * hd * 2));
@@ -194,7 +265,7 @@ std::vector<KernelRow> kernel_table(cudaStream_t s) {
     auto* b = qkv.data<uint16_t>();
     const double ms = time_ms(s, 3, [&] { cuda::flash_prefill(p, b, b + 32 * hd, b + 40 * hd, out.data(), s); });
     const double flops = 4.0 * double(n) * double(n) / 2 * hd * 32;
-    rows.push_back({"flash prefill attention 32K causal (WMMA)", "TFLOP/s", ms, flops / ms / 1e9, gemm_tflops});
+    rows.push_back({"flash prefill attention 32K causal (mma.sync)", "TFLOP/s", ms, flops / ms / 1e9, gemm_tflops});
   }
   return rows;
 }
@@ -241,15 +312,13 @@ void run_gpu_bench(const GpuBenchOptions& o) {
                T / ms * 1e3, flops / ms / 1e9, flops / ms / 1e9 / 7.9);
     out["prefill"] = {{"tokens", o.prefill_tokens}, {"ms", ms}, {"tok_per_s", T / ms * 1e3}, {"tflops", flops / ms / 1e9}};
   }
-  fmt::print("\n{:<12} {:>7} {:>5} {:>9} {:>7} {:>7} {:>7} {:>7} {:>7} {:>9} {:>8} {:>8} {:>9} {:>6}\n", "policy", "ctx",
-             "batch", "step ms", "score", "select", "gather", "attn", "rest", "tok/s", "GPU GB", "host GB", "PCIe MB",
+  fmt::print("\n{:<12} {:>7} {:>5} {:>9} {:>9} {:>7} {:>7} {:>7} {:>7} {:>7} {:>9} {:>8} {:>8} {:>9} {:>6}\n", "policy",
+             "ctx", "batch", "step ms", "graph ms", "score", "select", "gather", "attn", "rest", "tok/s", "GPU GB", "host GB", "PCIe MB",
              "hit%");
   for (int ctx : o.contexts)
     for (int b : o.batches)
       for (const auto& pol : o.policies) {
-        DecodeConfig dc;
-        dc.policy = parse_policy(pol);
-        dc.reuse = pol != "yakv-noreuse";
+        DecodeConfig dc = decode_preset(pol);
         dc.n_seq = b;
         dc.n_ctx = ctx;
         json row = {{"policy", pol}, {"context", ctx}, {"batch", b}};
@@ -267,17 +336,22 @@ void run_gpu_bench(const GpuBenchOptions& o) {
           }
           std::sort(t.begin(), t.end());
           const double step_ms = t[t.size() / 2];
-          st.step(s, true);
+          const double graph_ms = time_graph_steps(st, s, o.n_steps);
+          time_stages(st, s);
           const StageTimes tm = st.stage_times();
           const uint64_t pcie = st.last_step_pcie_bytes();
-          const double full_bytes = dc.policy == Policy::yakv ? double(st.top_k()) * b * shape.n_kv_head * 256.0 * shape.n_layer : 0;
-          const double hit = full_bytes > 0 ? 100.0 * (1 - double(pcie) / full_bytes) : 0;
-          fmt::print("{:<12} {:>7} {:>5} {:>9.3f} {:>7.3f} {:>7.3f} {:>7.3f} {:>7.3f} {:>7.3f} {:>9.1f} {:>8.2f} {:>8.2f} {:>9.1f} {:>6.1f}\n",
-                     pol, ctx, b, step_ms, tm.score, tm.select, tm.gather, tm.attention, tm.rest, b / step_ms * 1e3,
+          // Reuse hits: selected entries not read over PCIe (yakv's FP8 K|V and
+          // shadowkv's bf16 V are both 2·head_dim bytes; shadowkv has no reuse: 0 %).
+          const double all_bytes = dc.policy == Policy::full ? 0.0
+                                                             : double(st.top_k()) * b * shape.n_kv_head *
+                                                                   (2.0 * shape.head_dim) * shape.n_layer;
+          const double hit = all_bytes > 0 ? 100.0 * (1 - double(pcie) / all_bytes) : 0;
+          fmt::print("{:<12} {:>7} {:>5} {:>9.3f} {:>9.3f} {:>7.3f} {:>7.3f} {:>7.3f} {:>7.3f} {:>7.3f} {:>9.1f} {:>8.2f} {:>8.2f} {:>9.1f} {:>6.1f}\n",
+                     pol, ctx, b, step_ms, graph_ms, tm.score, tm.select, tm.gather, tm.attention, tm.rest, b / graph_ms * 1e3,
                      double(st.gpu_bytes() + model.weight_bytes()) / 1e9, double(st.host_bytes()) / 1e9,
                      double(pcie) / 1e6, hit);
-          row.update({{"step_ms", step_ms}, {"score_ms", tm.score}, {"select_ms", tm.select}, {"gather_ms", tm.gather},
-                      {"attention_ms", tm.attention}, {"rest_ms", tm.rest}, {"tok_per_s", b / step_ms * 1e3},
+          row.update({{"step_ms", step_ms}, {"graph_step_ms", graph_ms}, {"score_ms", tm.score}, {"select_ms", tm.select}, {"gather_ms", tm.gather},
+                      {"attention_ms", tm.attention}, {"rest_ms", tm.rest}, {"tok_per_s", b / graph_ms * 1e3},
                       {"gpu_gb", double(st.gpu_bytes() + model.weight_bytes()) / 1e9},
                       {"host_gb", double(st.host_bytes()) / 1e9}, {"pcie_bytes_per_step", pcie}, {"reuse_hit_pct", hit},
                       {"top_k", st.top_k()}, {"stage_ms_with_events", tm.score + tm.select + tm.gather + tm.attention + tm.rest}});

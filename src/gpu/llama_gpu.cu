@@ -8,6 +8,7 @@
 #include "ops/flash_prefill/flash_prefill_cuda.h"
 #include "ops/gather/gather_cuda.h"
 #include "ops/index_score/index_score_cuda.h"
+#include "ops/lowrank_k/lowrank_k_cuda.h"
 #include "ops/rmsnorm/rmsnorm_cuda.h"
 #include "ops/rope/rope_cuda.h"
 #include "ops/swiglu/swiglu_cuda.h"
@@ -39,13 +40,28 @@ __global__ void append_kv_kernel(const __nv_bfloat16* qkv, int64_t qkv_stride, i
   o[v_off + d] = vq[d];
 }
 
-// FP8 host KV with no NaN codes: random bytes with bit 6 cleared (|x| < 2).
-__global__ void fill_fp8_kernel(uint64_t* dst, int64_t n_words, uint64_t seed) {
+// Host KV with no NaN/Inf codes: random bits with the top exponent bit of
+// every element cleared (|x| < 2), 8 bytes per store over PCIe.
+constexpr uint64_t kFp8Finite = 0xBFBFBFBFBFBFBFBFull;   // E4M3: bit 6 of each byte
+constexpr uint64_t kBf16Finite = 0xBFFFBFFFBFFFBFFFull;  // bf16: bit 14 of each half-word
+__global__ void fill_finite_kernel(uint64_t* dst, int64_t n_words, uint64_t seed, uint64_t mask) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_words; i += int64_t(gridDim.x) * blockDim.x) {
     uint64_t z = seed * 0x9e3779b97f4a7c15ull + uint64_t(i);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    dst[i] = (z ^ (z >> 31)) & 0xBFBFBFBFBFBFBFBFull;
+    dst[i] = (z ^ (z >> 31)) & mask;
+  }
+}
+
+// Token ids of the selected chunks. Landmark i of row r stands for chunk
+// lm_chunk[r][i] (outlier chunks have no landmark) = tokens tok0 + c·chunk ..
+// + c - 1; ascending landmarks give ascending tokens.
+__global__ void chunk_tokens_kernel(const int32_t* sel, int k_chunk, const int32_t* lm_chunk, int64_t n_lm, int c,
+                                    int64_t tok0, int32_t* tok) {
+  const int64_t r = blockIdx.x;
+  for (int i = threadIdx.x; i < k_chunk * c; i += blockDim.x) {
+    const int32_t lm = sel[r * k_chunk + i / c];
+    tok[r * k_chunk * c + i] = int32_t(tok0 + int64_t(lm_chunk[r * n_lm + lm]) * c + i % c);
   }
 }
 
@@ -54,7 +70,23 @@ __global__ void fill_fp8_kernel(uint64_t* dst, int64_t n_words, uint64_t seed) {
 Policy parse_policy(const std::string& name) {
   if (name == "full") return Policy::full;
   if (name == "yakv" || name == "yakv-noreuse") return Policy::yakv;
-  fail("gpu-bench: policy '{}' not supported on the GPU path (expected full or yakv)", name);
+  if (name == "shadowkv") return Policy::shadowkv;
+  fail("gpu-bench: policy '{}' not supported on the GPU path (expected full, yakv, yakv-noreuse or shadowkv)", name);
+}
+
+DecodeConfig decode_preset(const std::string& name) {
+  DecodeConfig c;
+  c.policy = parse_policy(name);
+  c.reuse = name != "yakv-noreuse";
+  if (c.policy == Policy::shadowkv) {
+    // SPEC "Why" (ShadowKV on Llama-3.1-8B): no sinks, a 32-token window,
+    // 2048 selected tokens at 128K, no reuse across steps.
+    c.n_sink = 0;
+    c.n_window = 32;
+    c.budget = 2048.0 / 131072.0;
+    c.reuse = false;
+  }
+  return c;
 }
 
 LlamaGpu::LlamaGpu(const LlamaShape& s, uint64_t seed) : s_(s) {
@@ -136,18 +168,32 @@ struct DecodeState::Impl {
   DecodeConfig cfg;
   int64_t E, QKV, HD, F, rows, n_mid = 0;
   int64_t cap = 0;  // full: slots per row
-  int k = 0, splits_main = 1, splits_g = 1, n_part = 1;
+  // yakv, shadowkv: resident slots per row = sinks, the window ring of n_local
+  // slots, then (shadowkv) the outlier chunks' tokens.
+  int64_t n_local = 0, n_res = 0;
+  int64_t n_lm = 0;  // shadowkv: landmarks per row (non-outlier chunks)
+  int k = 0, k_chunk = 0, splits_main = 1, splits_g = 1, n_part = 1;
   DeviceBuffer x, xn, qkv, q, attn, delta, gu, h, logits, pos, part_out, part_lse;
-  std::vector<DeviceBuffer> kv;        // full: per layer [2][rows, cap, hd] bf16; yakv: resident [rows, sink+win, 2, hd] bf16
-  std::vector<DeviceBuffer> index;     // yakv: per layer [rows, n_ctx records] higgs2
-  PinnedBuffer host;                   // yakv: [layer][rows, n_ctx, 2, hd] fp8
-  std::vector<DeviceBuffer> gathered;  // yakv: per layer 2 x [rows, k, 2, hd] fp8
-  std::vector<DeviceBuffer> sel;       // yakv: per layer 2 x [rows, k] int32
+  std::vector<DeviceBuffer> kv;        // full: per layer [2][rows, cap, hd] bf16;
+                                       // yakv, shadowkv: per layer resident [rows, n_res, 2, hd] bf16
+  std::vector<DeviceBuffer> index;     // yakv: per layer [rows, n_ctx records] higgs2 (codes plane, scales plane)
+  PinnedBuffer host;                   // yakv: [layer][rows, n_ctx, 2, hd] fp8 K|V;
+                                       // shadowkv: [layer][rows, n_ctx, hd] bf16 V
+  std::vector<DeviceBuffer> gathered;  // yakv: per layer [rows, k, 2, hd] fp8 (with reuse: the slot cache)
+  std::vector<DeviceBuffer> sel;       // yakv: per layer 2 x [rows, k] int32 (this step's, last step's)
+  std::vector<DeviceBuffer> slots;     // yakv with reuse: per layer 2 x [rows, k] int32 slot of each selected token
+  DeviceBuffer miss_flags;             // yakv with reuse: gather_slots scratch (miss lists)
+  std::vector<DeviceBuffer> svd_a;     // shadowkv: per layer [n_seq, n_ctx, rank] bf16 (U·S of the pre-RoPE keys)
+  std::vector<DeviceBuffer> svd_b;     // shadowkv: per layer [n_seq, rank, n_kv_head*hd] bf16 (Vᵀ)
+  std::vector<DeviceBuffer> landmarks; // shadowkv: per layer [rows, n_lm, hd] bf16 chunk means of post-RoPE keys
+  std::vector<DeviceBuffer> lm_chunk;  // shadowkv: per layer [rows, n_lm] int32 chunk of each landmark
+  DeviceBuffer chunk_sel, tok_sel;     // shadowkv: [rows, k_chunk], [rows, k] int32
+  DeviceBuffer k_sel, v_sel;           // shadowkv: [rows, k, hd] bf16 rebuilt keys, gathered values
   DeviceBuffer scores, qidx, grid, signs, misses;
   cuda::Stream side;
   std::vector<std::unique_ptr<cuda::Event>> fork, join, marks;  // marks: [layer][7] + 2
   int parity = 0;
-  int64_t host_layer_bytes = 0;
+  int64_t host_layer_bytes = 0, miss_bytes = 0;
 
   Impl(LlamaGpu& model, const DecodeConfig& c) : m(model), cfg(c) {}
 };
@@ -188,8 +234,10 @@ DecodeState::DecodeState(LlamaGpu& model, const DecodeConfig& cfg, uint64_t seed
       I.kv.push_back(dev(size_t(2 * I.rows * I.cap * hd * 2)));
       cuda::fill_uniform_bf16(I.kv.back().data(), 2 * I.rows * I.cap * hd, seed + 10 + l, -1.f, 1.f, nullptr);
     }
-  } else {
-    const int n_res = cfg.n_sink + cfg.n_window;
+  } else if (cfg.policy == Policy::yakv) {
+    I.n_local = cfg.n_window;
+    I.n_res = cfg.n_sink + cfg.n_window;
+    const int64_t n_res = I.n_res;
     I.n_mid = cfg.n_ctx - n_res;
     KVT_CHECK(I.n_mid > 0, "gpu-bench: context {} shorter than sinks + window", cfg.n_ctx);
     I.k = int(std::min<int64_t>(I.n_mid, int64_t(std::llround(cfg.budget * double(cfg.n_ctx)))));
@@ -197,22 +245,33 @@ DecodeState::DecodeState(LlamaGpu& model, const DecodeConfig& cfg, uint64_t seed
     I.splits_g = cuda::decode_attn_splits(I.rows, I.k, 128);
     I.n_part = 1 + I.splits_g;
     const int64_t entry = 2 * hd;  // fp8 K|V
+    I.miss_bytes = entry;
     I.host_layer_bytes = I.rows * cfg.n_ctx * entry;
     I.host = PinnedBuffer(size_t(I.host_layer_bytes * S.n_layer));
     host_bytes_ = I.host.bytes();
-    fill_fp8_kernel<<<4096, 256>>>(I.host.device_ptr<uint64_t>(), int64_t(I.host.bytes() / 8), seed + 3);
-    KVT_CUDA_LAUNCH_CHECK("fill_fp8_kernel");
+    fill_finite_kernel<<<4096, 256>>>(I.host.device_ptr<uint64_t>(), int64_t(I.host.bytes() / 8), seed + 3, kFp8Finite);
+    KVT_CUDA_LAUNCH_CHECK("fill_finite_kernel");
     const int64_t idx_stride = (cfg.n_ctx * kHiggs2RecordBytes + 15) / 16 * 16;
     for (int l = 0; l < S.n_layer; ++l) {
       I.kv.push_back(dev(size_t(I.rows * n_res * 2 * hd * 2)));
       cuda::fill_uniform_bf16(I.kv.back().data(), I.rows * n_res * 2 * hd, seed + 10 + l, -1.f, 1.f, nullptr);
       I.index.push_back(dev(size_t(I.rows * idx_stride)));
       cuda::fill_random_bytes(I.index.back().data(), int64_t(I.index.back().bytes()), seed + 200 + l, nullptr);
+      I.gathered.push_back(dev(size_t(I.rows * I.k * entry)));
       for (int pp = 0; pp < 2; ++pp) {
-        I.gathered.push_back(dev(size_t(I.rows * I.k * entry)));
         I.sel.push_back(dev(size_t(I.rows * I.k * 4)));
         KVT_CUDA_CHECK(cudaMemset(I.sel.back().data(), 0xff, I.sel.back().bytes()));  // empty: -1
+        if (!cfg.reuse) continue;
+        I.slots.push_back(dev(size_t(I.rows * I.k * 4)));
+        KVT_CUDA_CHECK(cudaMemset(I.slots.back().data(), 0xff, I.slots.back().bytes()));
       }
+    }
+    if (cfg.reuse) {
+      GatherParams gp;
+      gp.n_rows = I.rows;
+      gp.k = I.k;
+      gp.entry_bytes = entry;
+      I.miss_flags = dev(size_t(cuda::gather_slots_scratch_bytes(gp)));
     }
     I.scores = dev(size_t(I.rows * I.n_mid * 4));
     I.qidx = dev(size_t(I.rows * hd * 4));
@@ -222,6 +281,69 @@ DecodeState::DecodeState(LlamaGpu& model, const DecodeConfig& cfg, uint64_t seed
     std::vector<float> sg(static_cast<size_t>(hd));
     for (int i = 0; i < hd; ++i) sg[size_t(i)] = ((i * 2654435761u) >> 7) & 1 ? 1.f : -1.f;
     KVT_CUDA_CHECK(cudaMemcpy(I.signs.data(), sg.data(), sg.size() * 4, cudaMemcpyHostToDevice));
+    I.misses = dev(8);
+    KVT_CUDA_CHECK(cudaMemset(I.misses.data(), 0, 8));
+  } else {  // shadowkv
+    const int64_t c = cfg.chunk, rank = cfg.rank, W = int64_t(S.n_kv_head) * hd;
+    const int group = S.n_head / S.n_kv_head;
+    KVT_CHECK(group == 1 || group == 2 || group == 4,
+              "gpu-bench: shadowkv scores landmarks with each query head of a GQA group of 1, 2 or 4, not {}", group);
+    KVT_CHECK(c >= 1 && rank >= 1 && cfg.n_outlier >= 0, "gpu-bench: shadowkv chunk {} rank {} outliers {} invalid", c,
+              rank, cfg.n_outlier);
+    // A row's tokens: [sinks | n_chunk chunks | window]; the window also takes
+    // the (< chunk) tokens the chunking leaves over. n_outlier chunks are kept
+    // exact on the GPU and have no landmark.
+    const int64_t n_chunk = (cfg.n_ctx - cfg.n_sink - cfg.n_window) / c;
+    I.n_lm = n_chunk - cfg.n_outlier;
+    KVT_CHECK(I.n_lm > 0,
+              "gpu-bench: context {} too short for shadowkv ({} sinks, {}-token window, {} outlier chunks of {})",
+              cfg.n_ctx, cfg.n_sink, cfg.n_window, cfg.n_outlier, c);
+    I.n_local = cfg.n_ctx - cfg.n_sink - n_chunk * c;
+    I.n_res = cfg.n_sink + I.n_local + cfg.n_outlier * c;
+    const int64_t budget = std::max<int64_t>(c, std::llround(cfg.budget * double(cfg.n_ctx)));
+    I.k_chunk = int(std::min<int64_t>(I.n_lm, budget / c));
+    I.k = int(I.k_chunk * c);
+    k_ = I.k;
+    I.splits_g = cuda::decode_attn_splits(I.rows, I.k, 128);
+    I.n_part = 1 + I.splits_g;
+    // Values only on the host: the keys come from the SVD.
+    I.miss_bytes = hd * 2;
+    I.host_layer_bytes = I.rows * cfg.n_ctx * hd * 2;
+    I.host = PinnedBuffer(size_t(I.host_layer_bytes * S.n_layer));
+    host_bytes_ = I.host.bytes();
+    fill_finite_kernel<<<4096, 256>>>(I.host.device_ptr<uint64_t>(), int64_t(I.host.bytes() / 8), seed + 3,
+                                      kBf16Finite);
+    KVT_CUDA_LAUNCH_CHECK("fill_finite_kernel");
+    // Which chunks are outliers does not matter for speed: spread evenly.
+    std::vector<char> outlier(static_cast<size_t>(n_chunk), 0);
+    for (int64_t j = 0; j < cfg.n_outlier; ++j) outlier[size_t((2 * j + 1) * n_chunk / (2 * cfg.n_outlier))] = 1;
+    std::vector<int32_t> lm_chunk;  // [rows, n_lm]
+    for (int64_t r = 0; r < I.rows; ++r)
+      for (int64_t ch = 0; ch < n_chunk; ++ch)
+        if (!outlier[size_t(ch)]) lm_chunk.push_back(int32_t(ch));
+    KVT_CHECK(int64_t(lm_chunk.size()) == I.rows * I.n_lm, "gpu-bench: shadowkv outlier chunks not distinct");
+    for (int l = 0; l < S.n_layer; ++l) {
+      I.kv.push_back(dev(size_t(I.rows * I.n_res * 2 * hd * 2)));
+      cuda::fill_uniform_bf16(I.kv.back().data(), I.rows * I.n_res * 2 * hd, seed + 10 + l, -1.f, 1.f, nullptr);
+      I.svd_a.push_back(dev(size_t(B * cfg.n_ctx * rank * 2)));
+      cuda::fill_uniform_bf16(I.svd_a.back().data(), B * cfg.n_ctx * rank, seed + 300 + l, -1.f, 1.f, nullptr);
+      // ±√(3/rank): rebuilt keys of unit variance.
+      const float bs = float(std::sqrt(3.0 / double(rank)));
+      I.svd_b.push_back(dev(size_t(B * rank * W * 2)));
+      cuda::fill_uniform_bf16(I.svd_b.back().data(), B * rank * W, seed + 400 + l, -bs, bs, nullptr);
+      I.landmarks.push_back(dev(size_t(I.rows * I.n_lm * hd * 2)));
+      cuda::fill_uniform_bf16(I.landmarks.back().data(), I.rows * I.n_lm * hd, seed + 500 + l, -1.f, 1.f, nullptr);
+      I.lm_chunk.push_back(dev(lm_chunk.size() * 4));
+      KVT_CUDA_CHECK(
+          cudaMemcpy(I.lm_chunk.back().data(), lm_chunk.data(), lm_chunk.size() * 4, cudaMemcpyHostToDevice));
+    }
+    // Step buffers, shared by the layers (no reuse across steps).
+    I.scores = dev(size_t(I.rows * I.n_lm * 4));
+    I.qidx = dev(size_t(B * S.n_head * hd * 4));
+    I.chunk_sel = dev(size_t(I.rows * I.k_chunk * 4));
+    I.tok_sel = dev(size_t(I.rows * I.k * 4));
+    I.k_sel = dev(size_t(I.rows * I.k * hd * 2));
+    I.v_sel = dev(size_t(I.rows * I.k * hd * 2));
     I.misses = dev(8);
     KVT_CUDA_CHECK(cudaMemset(I.misses.data(), 0, 8));
   }
@@ -244,13 +366,53 @@ void DecodeState::step(cudaStream_t s, bool timing) {
   auto mark = [&](int i) {
     if (timing) I.marks[size_t(i)]->record(s);
   };
-  if (I.cfg.policy == Policy::yakv) KVT_CUDA_CHECK(cudaMemsetAsync(I.misses.data(), 0, 8, s));
+  if (I.cfg.policy != Policy::full) KVT_CUDA_CHECK(cudaMemsetAsync(I.misses.data(), 0, 8, s));
   DecodeAttnParams ap;
   ap.n_seq = int(B);
   ap.n_head = S.n_head;
   ap.n_kv_head = S.n_kv_head;
   ap.head_dim = int(hd);
   ap.scale = 1.f / std::sqrt(float(hd));
+  // This step's K/V into the window ring of the resident slots.
+  auto append_resident = [&](int l) {
+    const int64_t slot = I.cfg.n_sink + I.cfg.n_ctx % I.n_local;
+    append_kv_kernel<<<unsigned(I.rows), unsigned(hd), 0, s>>>(
+        I.qkv.data<__nv_bfloat16>(), I.QKV, S.n_head, S.n_kv_head, I.kv[size_t(l)].data<__nv_bfloat16>(),
+        I.n_res * 2 * hd, 2 * hd, hd, slot);
+    KVT_CUDA_LAUNCH_CHECK("append_kv_kernel");
+  };
+  // Resident tokens (sinks, window, shadowkv's outlier chunks) into part 0 on
+  // the side stream, overlapped with score → select → gather on the main stream.
+  auto attend_resident = [&](int l) {
+    const uint8_t* res = I.kv[size_t(l)].data<uint8_t>();
+    I.fork[size_t(l)]->record(s);
+    KVT_CUDA_CHECK(cudaStreamWaitEvent(I.side.get(), I.fork[size_t(l)]->get()));
+    DecodeAttnParams rp = ap;
+    rp.elt = KvElt::bf16;
+    rp.row_stride = I.n_res * 2 * hd * 2;
+    rp.tok_stride = 2 * hd * 2;
+    rp.n_tok = I.n_res;
+    rp.n_split = 1;
+    rp.part0 = 0;
+    cuda::decode_attn(rp, I.q.data(), res, res + hd * 2, nullptr, I.part_out.data<float>(), I.part_lse.data<float>(),
+                      I.side.get());
+    I.join[size_t(l)]->record(I.side.get());
+  };
+  // The k selected tokens of every row, slot i of row r at r·k·tok_stride +
+  // i·tok_stride (bytes), into parts 1 .. splits_g.
+  // With `slot`, entry i of row r is read from slot slot[r·k + i].
+  auto attend_selected = [&](KvElt elt, const uint8_t* k, const uint8_t* v, int64_t tok_stride,
+                             const int32_t* slot = nullptr) {
+    DecodeAttnParams gp = ap;
+    gp.elt = elt;
+    gp.row_stride = int64_t(I.k) * tok_stride;
+    gp.tok_stride = tok_stride;
+    gp.n_tok = I.k;
+    gp.idx_stride = I.k;
+    gp.n_split = I.splits_g;
+    gp.part0 = 1;
+    cuda::decode_attn(gp, I.q.data(), k, v, slot, I.part_out.data<float>(), I.part_lse.data<float>(), s);
+  };
   for (int l = 0; l < S.n_layer; ++l) {
     const LayerWeights& w = I.m.layer(l);
     mark(l * 7 + 0);
@@ -277,29 +439,10 @@ void DecodeState::step(cudaStream_t s, bool timing) {
       ap.n_split = I.splits_main;
       ap.part0 = 0;
       cuda::decode_attn(ap, I.q.data(), kc, kc + half, nullptr, I.part_out.data<float>(), I.part_lse.data<float>(), s);
-    } else {
-      const int n_res = I.cfg.n_sink + I.cfg.n_window;
-      uint8_t* res = I.kv[size_t(l)].data<uint8_t>();
-      const int64_t slot = I.cfg.n_sink + I.cfg.n_ctx % I.cfg.n_window;
-      append_kv_kernel<<<unsigned(I.rows), unsigned(hd), 0, s>>>(I.qkv.data<__nv_bfloat16>(), I.QKV, S.n_head,
-                                                                  S.n_kv_head, reinterpret_cast<__nv_bfloat16*>(res),
-                                                                  n_res * 2 * hd, 2 * hd, hd, slot);
-      KVT_CUDA_LAUNCH_CHECK("append_kv_kernel");
+    } else if (I.cfg.policy == Policy::yakv) {
+      append_resident(l);
       mark(l * 7 + 1);
-      // Resident tokens (sinks + window) on the side stream, overlapped with
-      // score → select → gather on the main stream.
-      I.fork[size_t(l)]->record(s);
-      KVT_CUDA_CHECK(cudaStreamWaitEvent(I.side.get(), I.fork[size_t(l)]->get()));
-      DecodeAttnParams rp = ap;
-      rp.elt = KvElt::bf16;
-      rp.row_stride = n_res * 2 * hd * 2;
-      rp.tok_stride = 2 * hd * 2;
-      rp.n_tok = n_res;
-      rp.n_split = 1;
-      rp.part0 = 0;
-      cuda::decode_attn(rp, I.q.data(), res, res + hd * 2, nullptr, I.part_out.data<float>(), I.part_lse.data<float>(),
-                        I.side.get());
-      I.join[size_t(l)]->record(I.side.get());
+      attend_resident(l);
       // score
       cuda::index_query(I.q.data(), int(B), S.n_head, S.n_kv_head, int(hd), true, true, I.signs.data<float>(),
                         I.qidx.data<float>(), s);
@@ -310,6 +453,7 @@ void DecodeState::step(cudaStream_t s, bool timing) {
       sp.n_tok = I.n_mid;
       sp.tok_offset = I.cfg.n_sink;
       sp.row_stride = int64_t(I.index[size_t(l)].bytes()) / I.rows;
+      sp.scale_offset = 32 * I.cfg.n_ctx;  // codes plane [n_ctx, 32], then scales plane [n_ctx] bf16
       cuda::index_score(IndexElt::higgs2, sp, I.qidx.data<float>(), I.index[size_t(l)].data<uint8_t>(),
                         I.grid.data<float>(), I.scores.data<float>(), s);
       mark(l * 7 + 2);
@@ -318,7 +462,8 @@ void DecodeState::step(cudaStream_t s, bool timing) {
       int32_t* idx_cur = I.sel[size_t(2 * l + cur)].data<int32_t>();
       cuda::topk(I.scores.data<float>(), I.rows, I.n_mid, I.n_mid, I.k, I.cfg.n_sink, idx_cur, s);
       mark(l * 7 + 3);
-      // gather (zero-copy from pinned host; hits from the previous step's buffer)
+      // gather, zero-copy from pinned host. With reuse the buffer is a slot
+      // cache: tokens selected again stay where they are, only misses are read.
       GatherParams gp;
       gp.n_rows = I.rows;
       gp.k = I.k;
@@ -326,20 +471,69 @@ void DecodeState::step(cudaStream_t s, bool timing) {
       gp.src_tok_stride = 2 * hd;
       gp.src_row_stride = I.cfg.n_ctx * 2 * hd;
       gp.dst_row_stride = int64_t(I.k) * 2 * hd;
-      gp.k_prev = I.cfg.reuse ? I.k : 0;
-      uint8_t* gbuf = I.gathered[size_t(2 * l + cur)].data<uint8_t>();
-      cuda::gather(gp, I.host.device_ptr<uint8_t>() + l * I.host_layer_bytes, idx_cur,
-                   I.sel[size_t(2 * l + prev)].data<int32_t>(), I.gathered[size_t(2 * l + prev)].data<uint8_t>(), gbuf,
-                   I.misses.data<unsigned long long>(), s);
+      uint8_t* gbuf = I.gathered[size_t(l)].data<uint8_t>();
+      const uint8_t* host_l = I.host.device_ptr<uint8_t>() + l * I.host_layer_bytes;
+      int32_t* slot = nullptr;
+      if (I.cfg.reuse) {
+        slot = I.slots[size_t(2 * l + cur)].data<int32_t>();
+        cuda::gather_slots(gp, host_l, idx_cur, I.sel[size_t(2 * l + prev)].data<int32_t>(),
+                           I.slots[size_t(2 * l + prev)].data<int32_t>(), slot, I.miss_flags.data(), gbuf,
+                           I.misses.data<unsigned long long>(), s);
+      } else {
+        cuda::gather(gp, host_l, idx_cur, nullptr, nullptr, gbuf, I.misses.data<unsigned long long>(), s);
+      }
       mark(l * 7 + 4);
-      DecodeAttnParams gpp = ap;
-      gpp.elt = KvElt::fp8;
-      gpp.row_stride = gp.dst_row_stride;
-      gpp.tok_stride = 2 * hd;
-      gpp.n_tok = I.k;
-      gpp.n_split = I.splits_g;
-      gpp.part0 = 1;
-      cuda::decode_attn(gpp, I.q.data(), gbuf, gbuf + hd, nullptr, I.part_out.data<float>(), I.part_lse.data<float>(), s);
+      attend_selected(KvElt::fp8, gbuf, gbuf + hd, 2 * hd, slot);  // [rows, k, K|V] fp8
+      KVT_CUDA_CHECK(cudaStreamWaitEvent(s, I.join[size_t(l)]->get()));
+    } else {  // shadowkv
+      append_resident(l);
+      mark(l * 7 + 1);
+      attend_resident(l);
+      // score: each chunk landmark against every query head of the group, max over the group
+      cuda::index_query(I.q.data(), int(B), S.n_head, S.n_kv_head, int(hd), false, false, nullptr,
+                        I.qidx.data<float>(), s);
+      IndexScoreParams sp;
+      sp.n_seq = int(B);
+      sp.n_kv_head = S.n_kv_head;
+      sp.n_q = S.n_head / S.n_kv_head;
+      sp.n_tok = I.n_lm;
+      sp.row_stride = I.n_lm * hd * 2;
+      cuda::index_score(IndexElt::bf16, sp, I.qidx.data<float>(), I.landmarks[size_t(l)].data<uint8_t>(), nullptr,
+                        I.scores.data<float>(), s);
+      mark(l * 7 + 2);
+      // select: the top chunks, then their tokens (ascending)
+      int32_t* chunks = I.chunk_sel.data<int32_t>();
+      int32_t* toks = I.tok_sel.data<int32_t>();
+      cuda::topk(I.scores.data<float>(), I.rows, I.n_lm, I.n_lm, I.k_chunk, 0, chunks, s);
+      chunk_tokens_kernel<<<unsigned(I.rows), 256, 0, s>>>(chunks, I.k_chunk, I.lm_chunk[size_t(l)].data<int32_t>(),
+                                                             I.n_lm, I.cfg.chunk, I.cfg.n_sink, toks);
+      KVT_CUDA_LAUNCH_CHECK("chunk_tokens_kernel");
+      mark(l * 7 + 3);
+      // gather: keys rebuilt from the SVD on the GPU, values zero-copy from
+      // pinned host memory (no reuse: every selected value is a miss)
+      LowrankKParams kp;
+      kp.n_seq = int(B);
+      kp.n_kv_head = S.n_kv_head;
+      kp.head_dim = int(hd);
+      kp.rank = I.cfg.rank;
+      kp.k = I.k;
+      kp.n_ctx = I.cfg.n_ctx;
+      kp.a_seq_stride = I.cfg.n_ctx * I.cfg.rank;
+      kp.b_seq_stride = int64_t(I.cfg.rank) * S.n_kv_head * hd;
+      kp.out_row_stride = int64_t(I.k) * hd;
+      cuda::lowrank_k(kp, I.svd_a[size_t(l)].data(), I.svd_b[size_t(l)].data(), toks, I.m.inv_freq(), I.k_sel.data(),
+                      s);
+      GatherParams gp;
+      gp.n_rows = I.rows;
+      gp.k = I.k;
+      gp.entry_bytes = hd * 2;
+      gp.src_tok_stride = hd * 2;
+      gp.src_row_stride = I.cfg.n_ctx * hd * 2;
+      gp.dst_row_stride = int64_t(I.k) * hd * 2;
+      cuda::gather(gp, I.host.device_ptr<uint8_t>() + l * I.host_layer_bytes, toks, nullptr, nullptr,
+                   I.v_sel.data<uint8_t>(), I.misses.data<unsigned long long>(), s);
+      mark(l * 7 + 4);
+      attend_selected(KvElt::bf16, I.k_sel.data<uint8_t>(), I.v_sel.data<uint8_t>(), hd * 2);  // [rows, k, hd] each
       KVT_CUDA_CHECK(cudaStreamWaitEvent(s, I.join[size_t(l)]->get()));
     }
     cuda::attn_merge(I.n_part, n_qh, int(hd), I.part_out.data<float>(), I.part_lse.data<float>(), I.attn.data(), nullptr,
@@ -380,10 +574,10 @@ StageTimes DecodeState::stage_times() const {
 
 uint64_t DecodeState::last_step_pcie_bytes() {
   Impl& I = *impl_;
-  if (I.cfg.policy != Policy::yakv) return 0;
+  if (I.cfg.policy == Policy::full) return 0;
   unsigned long long n = 0;
   KVT_CUDA_CHECK(cudaMemcpy(&n, I.misses.data(), 8, cudaMemcpyDeviceToHost));
-  return uint64_t(n) * uint64_t(2 * I.m.shape().head_dim);
+  return uint64_t(n) * uint64_t(I.miss_bytes);
 }
 
 }  // namespace kvtier::gpu

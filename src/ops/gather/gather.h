@@ -29,4 +29,21 @@ struct GatherParams {
 int64_t gather_ref(const GatherParams& p, const uint8_t* src, const int32_t* idx, const int32_t* prev_idx,
                    const uint8_t* prev_dst, uint8_t* dst);
 
+// Gathering into a slot cache: each row owns k slots of entry_bytes on the
+// GPU that persist across steps. A token selected again keeps its slot (no
+// copy at all); a newly selected token is read from the source into a slot
+// freed by a token no longer selected. Assignment (deterministic): hits keep
+// their slot; misses, in ascending token order, take the free slots in
+// ascending slot order.
+// State per row: prev_idx (the last call's idx, ascending, -1 = empty) and
+// prev_slot (the last call's slot_of); both -1 before the first call.
+// Output: slot_of[r][j] = the slot holding idx[r][j] (-1 where idx is -1), so
+// that attention reads dst through slot_of. Needs k ≤ kSlotGatherMaxK.
+constexpr int kSlotGatherMaxK = 32768;
+
+// idx, prev_idx, prev_slot, slot_of: [n_rows, k] int32; dst: the slot
+// buffer (dst_row_stride bytes per row). Returns the misses (entries read from src).
+int64_t gather_slots_ref(const GatherParams& p, const uint8_t* src, const int32_t* idx, const int32_t* prev_idx,
+                         const int32_t* prev_slot, int32_t* slot_of, uint8_t* dst);
+
 }  // namespace kvtier

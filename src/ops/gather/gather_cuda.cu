@@ -1,5 +1,7 @@
 #include <algorithm>
 
+#include <cub/block/block_scan.cuh>
+
 #include "ops/gather/gather_cuda.h"
 
 namespace kvtier::cuda {
@@ -66,7 +68,175 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(GatherParams p, const 
   }
 }
 
+// Slot cache, pass 1: one block per row assigns slots (gather.h): hits keep
+// theirs (binary search in the previous sorted selection), the free slots
+// (a bitmap) are ranked by a scan over 32-slot words, and the m-th miss in
+// token order takes the m-th free slot.
+constexpr int kAssignThreads = 1024;
+constexpr int kWords = kSlotGatherMaxK / 32;
+constexpr int kPrevCache = 8192;
+
+__global__ void __launch_bounds__(kAssignThreads) slot_assign_kernel(int k, const int32_t* __restrict__ idx,
+                                                                      const int32_t* __restrict__ prev_idx,
+                                                                      const int32_t* __restrict__ prev_slot,
+                                                                      int32_t* __restrict__ slot_of,
+                                                                      uint8_t* __restrict__ miss,
+                                                                      int2* __restrict__ miss_list,
+                                                                      int32_t* __restrict__ miss_count) {
+  using Scan = cub::BlockScan<uint32_t, kAssignThreads>;
+  __shared__ uint32_t used[kWords];
+  __shared__ uint32_t free_before[kWords];  // free slots in the words before
+  __shared__ int32_t prev_cache[kPrevCache];  // the previous selection, searched in shared memory when it fits
+  __shared__ typename Scan::TempStorage scan_tmp;
+  const int64_t r = blockIdx.x;
+  const int32_t* ir = idx + r * k;
+  const int32_t* pi = prev_idx + r * k;
+  if (k <= kPrevCache) {
+    for (int j = threadIdx.x; j < k; j += kAssignThreads) prev_cache[j] = pi[j];
+    pi = prev_cache;
+  }
+  const int32_t* ps = prev_slot + r * k;
+  int32_t* so = slot_of + r * k;
+  uint8_t* mr = miss + r * k;
+  const int n_words = (k + 31) / 32;
+  for (int w = threadIdx.x; w < n_words; w += kAssignThreads) used[w] = 0;
+  __syncthreads();
+  for (int j = threadIdx.x; j < k; j += kAssignThreads) {
+    const int32_t t = ir[j];
+    int32_t slot = -1;
+    bool is_miss = false;
+    if (t >= 0) {
+      const int at = find_sorted(pi, k, t);
+      if (at >= 0) {
+        slot = ps[at];
+        atomicOr(&used[slot >> 5], 1u << (slot & 31));
+      } else {
+        is_miss = true;
+      }
+    }
+    so[j] = slot;
+    mr[j] = is_miss;
+  }
+  __syncthreads();
+  // Exclusive prefix of the free-slot counts over words (2 words per thread).
+  {
+    constexpr int kPer = kWords / kAssignThreads;
+    uint32_t cnt[kPer];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int w = threadIdx.x * kPer + i;
+      const int bits = w < n_words ? min(32, k - 32 * w) : 0;
+      const uint32_t valid = bits == 32 ? 0xffffffffu : (1u << bits) - 1u;
+      cnt[i] = w < n_words ? __popc(~used[w] & valid) : 0u;
+    }
+    Scan(scan_tmp).ExclusiveSum(cnt, cnt);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) free_before[threadIdx.x * kPer + i] = cnt[i];
+  }
+  __syncthreads();
+  // Misses in token order take the free slots in slot order.
+  uint32_t base = 0;
+  for (int j0 = 0; j0 < k; j0 += kAssignThreads) {
+    const int j = j0 + threadIdx.x;
+    const uint32_t m = j < k ? mr[j] : 0u;
+    uint32_t rank, total;
+    __syncthreads();  // scan_tmp reuse
+    Scan(scan_tmp).ExclusiveSum(m, rank, total);
+    if (m) {
+      const uint32_t want = base + rank;
+      int lo = 0, hi = n_words - 1;  // last word with free_before <= want
+      while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (free_before[mid] <= want) lo = mid;
+        else hi = mid - 1;
+      }
+      const int bits = min(32, k - 32 * lo);
+      const uint32_t valid = bits == 32 ? 0xffffffffu : (1u << bits) - 1u;
+      const uint32_t f = ~used[lo] & valid;
+      const int pos = int(__fns(f, 0, int(want - free_before[lo]) + 1));
+      so[j] = lo * 32 + pos;
+      miss_list[r * k + want] = make_int2(ir[j], lo * 32 + pos);  // (token, slot)
+    }
+    base += total;
+  }
+  if (threadIdx.x == 0) miss_count[r] = int32_t(base);
+}
+
+// Slot cache, pass 2: only the misses, from each row's compact list of
+// (token, slot): a block takes 16-byte chunks of its row's misses, several
+// loads in flight per thread, so a few misses cost one round trip over PCIe
+// rather than one per pass over all selected entries.
+__global__ void __launch_bounds__(kThreads) slot_copy_kernel(GatherParams p, const uint8_t* __restrict__ src,
+                                                             const int2* __restrict__ miss_list,
+                                                             const int32_t* __restrict__ miss_count,
+                                                             uint8_t* __restrict__ dst,
+                                                             unsigned long long* misses) {
+  const int64_t r = blockIdx.y;
+  const int64_t chunks = p.entry_bytes >> 4;
+  const int64_t n_items = int64_t(miss_count[r]) * chunks;
+  const int64_t stride = int64_t(gridDim.x) * kThreads;
+  const int2* ml = miss_list + r * p.k;
+  for (int64_t base = int64_t(blockIdx.x) * kThreads + threadIdx.x; base < n_items; base += stride * kUnroll) {
+    uint4 v[kUnroll];
+    uint4* d[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      d[u] = nullptr;
+      const int64_t item = base + u * stride;
+      if (item >= n_items) continue;
+      const int2 ts = ml[item / chunks];
+      const int64_t c = item % chunks;
+      v[u] = *(reinterpret_cast<const uint4*>(src + r * p.src_row_stride + int64_t(ts.x) * p.src_tok_stride) + c);
+      d[u] = reinterpret_cast<uint4*>(dst + r * p.dst_row_stride + int64_t(ts.y) * p.entry_bytes) + c;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (d[u]) *d[u] = v[u];
+  }
+  if (misses && blockIdx.x == 0 && threadIdx.x == 0 && miss_count[r] > 0)
+    atomicAdd(misses, (unsigned long long)miss_count[r]);
+}
+
+int copy_blocks(int64_t n_items) {
+  // Enough threads in flight to cover PCIe latency (~1-2 µs × 55 GB/s ≈ 100 KB
+  // outstanding); more blocks than that only queue.
+  const int64_t want = int64_t(device_info().n_sm) * 8;
+  const int64_t need = (n_items + int64_t(kThreads) * kUnroll - 1) / (int64_t(kThreads) * kUnroll);
+  return int(std::max<int64_t>(1, std::min(want, need)));
+}
+
 }  // namespace
+
+int64_t gather_slots_scratch_bytes(const GatherParams& p) { return p.n_rows * (int64_t(p.k) * 9 + 4); }
+
+void gather_slots(const GatherParams& p, const uint8_t* src, const int32_t* idx, const int32_t* prev_idx,
+                  const int32_t* prev_slot, int32_t* slot_of, void* scratch, uint8_t* dst,
+                  unsigned long long* misses, cudaStream_t s) {
+  KVT_CHECK(p.entry_bytes > 0 && p.entry_bytes % 16 == 0,
+            "gather_slots: entry_bytes {} must be a positive multiple of 16", p.entry_bytes);
+  KVT_CHECK(p.k > 0 && p.k <= kSlotGatherMaxK, "gather_slots: k {} outside [1, {}]", p.k, kSlotGatherMaxK);
+  KVT_CHECK(p.src_row_stride % 16 == 0 && p.src_tok_stride % 16 == 0 && p.dst_row_stride % 16 == 0,
+            "gather_slots: strides ({}, {}, {}) must be multiples of 16", p.src_row_stride, p.src_tok_stride,
+            p.dst_row_stride);
+  KVT_CHECK(p.dst_row_stride >= p.k * p.entry_bytes, "gather_slots: dst_row_stride {} < k {} x entry_bytes {}",
+            p.dst_row_stride, p.k, p.entry_bytes);
+  if (p.n_rows == 0) return;
+  KVT_CHECK(reinterpret_cast<uintptr_t>(scratch) % 8 == 0, "gather_slots: scratch must be 8-byte aligned");
+  // scratch: miss lists [n_rows, k] int2 (token, slot), miss counts [n_rows], flags [n_rows, k]
+  auto* miss_list = static_cast<int2*>(scratch);
+  auto* miss_count = reinterpret_cast<int32_t*>(miss_list + p.n_rows * p.k);
+  auto* miss = reinterpret_cast<uint8_t*>(miss_count + p.n_rows);
+  slot_assign_kernel<<<unsigned(p.n_rows), kAssignThreads, 0, s>>>(p.k, idx, prev_idx, prev_slot, slot_of, miss,
+                                                                    miss_list, miss_count);
+  KVT_CUDA_LAUNCH_CHECK("slot_assign_kernel");
+  // Blocks per row: the copy grid's share of ~8 blocks per SM (a round of
+  // loads covers k·entry_bytes/16 chunks per row at b1; big batches take a few).
+  const int64_t per_row = std::max<int64_t>(1, int64_t(device_info().n_sm) * 8 / p.n_rows);
+  const int64_t need = (int64_t(p.k) * (p.entry_bytes / 16) + int64_t(kThreads) * kUnroll - 1) / (int64_t(kThreads) * kUnroll);
+  const dim3 grid(unsigned(std::min(per_row, need)), unsigned(p.n_rows));
+  slot_copy_kernel<<<grid, kThreads, 0, s>>>(p, src, miss_list, miss_count, dst, misses);
+  KVT_CUDA_LAUNCH_CHECK("slot_copy_kernel");
+}
 
 void gather(const GatherParams& p, const uint8_t* src, const int32_t* idx, const int32_t* prev_idx,
             const uint8_t* prev_dst, uint8_t* dst, unsigned long long* misses, cudaStream_t s) {
@@ -80,12 +250,7 @@ void gather(const GatherParams& p, const uint8_t* src, const int32_t* idx, const
   KVT_CHECK(p.k_prev == 0 || (prev_idx && prev_dst), "gather: reuse needs prev_idx and prev_dst");
   const int64_t n_items = p.n_rows * p.k * (p.entry_bytes / 16);
   if (n_items == 0) return;
-  // Enough threads in flight to cover PCIe latency (~1-2 µs × 55 GB/s ≈ 100 KB
-  // outstanding); more blocks than that only queue.
-  const int64_t want = int64_t(device_info().n_sm) * 8;
-  const int64_t need = (n_items + int64_t(kThreads) * kUnroll - 1) / (int64_t(kThreads) * kUnroll);
-  const int blocks = int(std::max<int64_t>(1, std::min(want, need)));
-  gather_kernel<<<blocks, kThreads, 0, s>>>(p, src, idx, prev_idx, prev_dst, dst, misses);
+  gather_kernel<<<copy_blocks(n_items), kThreads, 0, s>>>(p, src, idx, prev_idx, prev_dst, dst, misses);
   KVT_CUDA_LAUNCH_CHECK("gather_kernel");
 }
 
