@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 
 #include "core/half.h"
 #include "core/status.h"
@@ -225,6 +226,17 @@ void TieredKvStore::attend_one(int layer, const float* q, float scale, int64_t n
   stats_.n_queries += 1;
   stats_.n_selected += int64_t(sel.indices.size());
   stats_.n_host_rows += int64_t(uniq.size());
+  if (prev_host_.empty()) prev_host_.assign(size_t(g_.n_layer), std::vector<std::vector<int64_t>>(size_t(H)));
+  for (int h = 0; h < H; ++h) {
+    std::vector<int64_t> now(host_tok.begin() + host_ptr[h], host_tok.begin() + host_ptr[h + 1]);
+    std::sort(now.begin(), now.end());
+    std::vector<int64_t>& prev = prev_host_[size_t(layer)][size_t(h)];
+    std::vector<int64_t> both;
+    std::set_intersection(now.begin(), now.end(), prev.begin(), prev.end(), std::back_inserter(both));
+    stats_.n_host_head_rows += int64_t(now.size());
+    stats_.n_host_reused += int64_t(both.size());
+    prev = std::move(now);
+  }
 }
 
 void TieredKvStore::attend(int layer, const float* q, int n_tok, float scale, float* out) {

@@ -25,6 +25,12 @@ struct TieredStats {
   int64_t n_selected = 0;       // selected (kv head, token) rows
   int64_t n_host_rows = 0;      // rows gathered from the host tier
   int64_t n_host_bytes = 0;     // bytes of host records read
+  // Reuse across decode steps, as the GPU path's reuse buffer sees it: host
+  // (kv head, token) rows of a query, and those of them that the previous
+  // query of the same layer also fetched for the same kv head.
+  int64_t n_host_head_rows = 0;
+  int64_t n_host_reused = 0;
+  double reuse_rate() const { return n_host_head_rows ? double(n_host_reused) / double(n_host_head_rows) : 0.0; }
 };
 
 class TieredKvStore : public KvStore {
@@ -72,6 +78,7 @@ class TieredKvStore : public KvStore {
   // shadowkv outliers: per layer per kv head, rows [n_outlier_chunks·chunk, head_dim]
   std::vector<std::vector<std::vector<float>>> out_k_, out_v_;
   std::vector<std::vector<std::vector<int64_t>>> outliers_;  // [layer][kv_head] chunk ids
+  std::vector<std::vector<std::vector<int64_t>>> prev_host_;  // [layer][kv_head] last query's host rows, sorted
   TieredStats stats_;
 };
 

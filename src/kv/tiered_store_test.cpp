@@ -276,6 +276,30 @@ TEST(TieredStore, GeneratedTokensAreNeverDropped) {
   }
 }
 
+TEST(TieredStore, ReuseCountsTheHostRowsThePreviousQueryFetched) {
+  const KvGeometry g = small_geometry();
+  Synthetic s(g, 300, 8);
+  TieredKvStore store(parse_policy("yakv,sink=2,local=8,budget=24"), g);
+  run(store, s, 240);  // 60 decode steps per layer
+  const TieredStats a = store.stats();
+  EXPECT_GT(a.n_host_head_rows, 0);
+  EXPECT_LE(a.n_host_reused, a.n_host_head_rows);
+  // The same query twice: the second fetches exactly the rows of the first.
+  const int QW = g.n_head * g.head_dim;
+  std::vector<float> out(QW);
+  store.attend_one(0, s.q.data() + 17 * QW, 0.17f, 300, out.data(), nullptr);
+  const TieredStats b = store.stats();
+  store.attend_one(0, s.q.data() + 17 * QW, 0.17f, 300, out.data(), nullptr);
+  const TieredStats c = store.stats();
+  const int64_t rows = c.n_host_head_rows - b.n_host_head_rows;
+  EXPECT_EQ(rows, b.n_host_head_rows - a.n_host_head_rows);
+  EXPECT_EQ(c.n_host_reused - b.n_host_reused, rows);
+  // A different query (token 250's) shares only part of them.
+  store.attend_one(0, s.q.data() + 250 * QW, 0.17f, 300, out.data(), nullptr);
+  const TieredStats d = store.stats();
+  EXPECT_LT(d.n_host_reused - c.n_host_reused, d.n_host_head_rows - c.n_host_head_rows);
+}
+
 TEST(TieredStore, MemoryMatchesFootprint) {
   const KvGeometry g = small_geometry();
   Synthetic s(g, 256, 6);
