@@ -13,46 +13,19 @@
 #include <algorithm>
 
 #include "backend/cuda_backend.h"
+#include "backend/cuda_mma.cuh"
 #include "ops/decode_attn/decode_attn_cuda.h"
 
 namespace kvtier::cuda {
 namespace {
 
+using namespace mma;
+
 constexpr int kWarps = 4, kThreads = kWarps * 32, kTile = 16;
 constexpr int kBlocksPerSm = 2;  // head_dim 128: ~210 registers per thread, 64 KB of shared memory per block
 constexpr float kLog2e = 1.4426950408889634f;
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(pred ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 __device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
-// Element offset of (row, col) in a [rows, D] bf16 tile, col a multiple of 8.
-template <int D>
-__device__ __forceinline__ int swz(int row, int col) {
-  return row * D + (((col >> 3) ^ (row & 7)) << 3);
-}
 
 template <KvElt E, int G, int D>
 __global__ void __launch_bounds__(kThreads, 2) decode_attn_kernel(DecodeAttnParams p, const __nv_bfloat16* __restrict__ q,
@@ -125,7 +98,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attn_kernel(DecodeAttnPara
     const uint32_t valid = valid_next;
     if (t + kWarps < n_tiles) valid_next = issue(t + kWarps, (i + 1) & 1);
     cp_async_commit();
-    cp_async_wait1();
+    cp_async_wait<1>();
     __syncwarp();
     const __nv_bfloat16* ck;
     const __nv_bfloat16* cv;
@@ -222,7 +195,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attn_kernel(DecodeAttnPara
     }
     __syncwarp();  // this stage is refilled by the next issue
   }
-  asm volatile("cp.async.wait_group 0;\n" ::);
+  cp_async_wait<0>();
   // Merge the 4 warps: per warp m, l and O of rows 0..G-1 through shared memory.
   __syncthreads();
   float* sm_m = reinterpret_cast<float*>(smem);  // [kWarps][G]

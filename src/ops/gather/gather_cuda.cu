@@ -21,6 +21,31 @@ __device__ __forceinline__ int find_sorted(const int32_t* a, int n, int32_t t) {
   return (lo < n && a[lo] == t) ? lo : -1;
 }
 
+// Copies 16-byte work items [first, n_items) with the given stride, kUnroll
+// items per thread per round so that their loads are in flight together.
+// at(item, src, dst) sets the item's addresses, or returns false to skip it.
+template <class At>
+__device__ __forceinline__ void copy_items(int64_t first, int64_t n_items, int64_t stride, At at) {
+  for (int64_t base = first; base < n_items; base += stride * kUnroll) {
+    uint4 v[kUnroll];
+    uint4* d[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      d[u] = nullptr;
+      const int64_t item = base + u * stride;
+      const uint4* s = nullptr;
+      if (item >= n_items || !at(item, s, d[u])) {
+        d[u] = nullptr;
+        continue;
+      }
+      v[u] = *s;  // plain load: pinned host memory must not go through the non-coherent path
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (d[u]) *d[u] = v[u];
+  }
+}
+
 // Work item = one 16-byte chunk of one selected entry; a thread takes kUnroll
 // items spaced by the grid size so that each load is independent.
 __global__ void __launch_bounds__(kThreads) gather_kernel(GatherParams p, const uint8_t* __restrict__ src,
@@ -30,38 +55,24 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(GatherParams p, const 
                                                           uint8_t* __restrict__ dst,
                                                           unsigned long long* misses) {
   const int64_t chunks = p.entry_bytes >> 4;
-  const int64_t n_items = p.n_rows * p.k * chunks;
-  const int64_t stride = int64_t(gridDim.x) * kThreads;
   unsigned long long my_misses = 0;
-  for (int64_t base = int64_t(blockIdx.x) * kThreads + threadIdx.x; base < n_items; base += stride * kUnroll) {
-    uint4 v[kUnroll];
-    uint4* d[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      d[u] = nullptr;
-      const int64_t item = base + u * stride;
-      if (item >= n_items) continue;
-      const int64_t c = item % chunks, e = item / chunks;
-      const int64_t r = e / p.k;
-      const int i = int(e % p.k);
-      const int32_t t = idx[e];
-      if (t < 0) continue;
-      const uint4* s = nullptr;
-      if (p.k_prev > 0) {
-        const int j = find_sorted(prev_idx + r * p.k_prev, p.k_prev, t);
-        if (j >= 0) s = reinterpret_cast<const uint4*>(prev_dst + r * p.dst_row_stride + j * p.entry_bytes) + c;
-      }
-      if (!s) {
-        s = reinterpret_cast<const uint4*>(src + r * p.src_row_stride + int64_t(t) * p.src_tok_stride) + c;
-        if (c == 0) ++my_misses;
-      }
-      v[u] = *s;  // plain load: pinned host memory must not go through the non-coherent path
-      d[u] = reinterpret_cast<uint4*>(dst + r * p.dst_row_stride + i * p.entry_bytes) + c;
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (d[u]) *d[u] = v[u];
-  }
+  copy_items(int64_t(blockIdx.x) * kThreads + threadIdx.x, p.n_rows * p.k * chunks, int64_t(gridDim.x) * kThreads,
+             [&](int64_t item, const uint4*& s, uint4*& d) {
+               const int64_t c = item % chunks, e = item / chunks;
+               const int64_t r = e / p.k;
+               const int32_t t = idx[e];
+               if (t < 0) return false;
+               if (p.k_prev > 0) {
+                 const int j = find_sorted(prev_idx + r * p.k_prev, p.k_prev, t);
+                 if (j >= 0) s = reinterpret_cast<const uint4*>(prev_dst + r * p.dst_row_stride + j * p.entry_bytes) + c;
+               }
+               if (!s) {
+                 s = reinterpret_cast<const uint4*>(src + r * p.src_row_stride + int64_t(t) * p.src_tok_stride) + c;
+                 if (c == 0) ++my_misses;
+               }
+               d = reinterpret_cast<uint4*>(dst + r * p.dst_row_stride + (e % p.k) * p.entry_bytes) + c;
+               return true;
+             });
   if (misses) {
     for (int off = 16; off > 0; off >>= 1) my_misses += __shfl_xor_sync(0xffffffffu, my_misses, off);
     if ((threadIdx.x & 31) == 0 && my_misses) atomicAdd(misses, my_misses);
@@ -173,26 +184,15 @@ __global__ void __launch_bounds__(kThreads) slot_copy_kernel(GatherParams p, con
                                                              unsigned long long* misses) {
   const int64_t r = blockIdx.y;
   const int64_t chunks = p.entry_bytes >> 4;
-  const int64_t n_items = int64_t(miss_count[r]) * chunks;
-  const int64_t stride = int64_t(gridDim.x) * kThreads;
   const int2* ml = miss_list + r * p.k;
-  for (int64_t base = int64_t(blockIdx.x) * kThreads + threadIdx.x; base < n_items; base += stride * kUnroll) {
-    uint4 v[kUnroll];
-    uint4* d[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      d[u] = nullptr;
-      const int64_t item = base + u * stride;
-      if (item >= n_items) continue;
-      const int2 ts = ml[item / chunks];
-      const int64_t c = item % chunks;
-      v[u] = *(reinterpret_cast<const uint4*>(src + r * p.src_row_stride + int64_t(ts.x) * p.src_tok_stride) + c);
-      d[u] = reinterpret_cast<uint4*>(dst + r * p.dst_row_stride + int64_t(ts.y) * p.entry_bytes) + c;
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (d[u]) *d[u] = v[u];
-  }
+  copy_items(int64_t(blockIdx.x) * kThreads + threadIdx.x, int64_t(miss_count[r]) * chunks,
+             int64_t(gridDim.x) * kThreads, [&](int64_t item, const uint4*& s, uint4*& d) {
+               const int2 ts = ml[item / chunks];  // (token, slot)
+               const int64_t c = item % chunks;
+               s = reinterpret_cast<const uint4*>(src + r * p.src_row_stride + int64_t(ts.x) * p.src_tok_stride) + c;
+               d = reinterpret_cast<uint4*>(dst + r * p.dst_row_stride + int64_t(ts.y) * p.entry_bytes) + c;
+               return true;
+             });
   if (misses && blockIdx.x == 0 && threadIdx.x == 0 && miss_count[r] > 0)
     atomicAdd(misses, (unsigned long long)miss_count[r]);
 }
