@@ -16,6 +16,7 @@
 #include "core/half.h"
 #include "core/threads.h"
 #include "gpu/gpu_model_kernels.h"
+#include "gpu/gpu_tiered_kv.h"
 #include "kv/policy.h"
 #include "kv/tiered_store.h"
 #include "model/model.h"
@@ -157,10 +158,16 @@ CudaModel::CudaModel(const Model& model) : model_(model), c_(model.config()) {
 
 class CudaSequence final : public GpuSequence {
  public:
-  CudaSequence(CudaModel& m, int capacity, bool kv_on_gpu);
+  // tiered: the policy of a TieredKvStore that decodes natively (null: the
+  // store itself, or `full` when kv_on_gpu).
+  CudaSequence(CudaModel& m, int capacity, bool kv_on_gpu, const PolicyConfig* tiered);
   void forward(const int32_t* tokens, int n_tok, int64_t pos0, KvStore& kv, int n_logits, float* logits) override;
   bool kv_on_gpu() const override { return native_; }
+  KvPath kv_path() const override {
+    return native_ ? KvPath::gpu_full : tiered_ ? KvPath::gpu_tiered : KvPath::host_store;
+  }
   KvMemory memory(const KvStore& kv) const override;
+  const GpuTieredKv* tiered() const override { return tiered_.get(); }
 
  private:
   void reserve_cache(int64_t n_ctx);
@@ -196,9 +203,12 @@ class CudaSequence final : public GpuSequence {
   // Other policies: host copies (bf16 pinned, then f32 for the store).
   PinnedBuffer h_q_, h_kpre_, h_k_, h_v_, h_att_;
   std::vector<float> f_q_, f_kpre_, f_k_, f_v_, f_att_;
+  // A natively decoding tiered policy: the whole cache on the GPU side (the
+  // KvStore passed to forward() is left untouched, like `full`'s).
+  std::unique_ptr<GpuTieredKv> tiered_;
 };
 
-CudaSequence::CudaSequence(CudaModel& m, int capacity, bool kv_on_gpu)
+CudaSequence::CudaSequence(CudaModel& m, int capacity, bool kv_on_gpu, const PolicyConfig* tiered)
     : m_(m),
       c_(m.c_),
       native_(kv_on_gpu),
@@ -220,7 +230,8 @@ CudaSequence::CudaSequence(CudaModel& m, int capacity, bool kv_on_gpu)
   gu_ = DeviceBuffer(n * 2 * size_t(c_.n_ff) * bf);
   h_ = DeviceBuffer(n * size_t(c_.n_ff) * bf);
   logits_ = DeviceBuffer(n * size_t(c_.n_vocab) * 4);
-  if (!native_) {
+  if (tiered) tiered_ = std::make_unique<GpuTieredKv>(*tiered, m.model_.kv_geometry());
+  if (!native_ && !tiered_) {
     h_q_ = PinnedBuffer(n * size_t(q_dim_) * bf);
     h_att_ = PinnedBuffer(n * size_t(q_dim_) * bf);
     h_kpre_ = PinnedBuffer(n * size_t(kv_dim_) * bf);
@@ -235,6 +246,7 @@ CudaSequence::CudaSequence(CudaModel& m, int capacity, bool kv_on_gpu)
 }
 
 KvMemory CudaSequence::memory(const KvStore& kv) const {
+  if (tiered_) return tiered_->memory();
   if (!native_) return kv.memory();
   KvMemory m;
   m.gpu_bytes_per_token = double(c_.n_layer) * 2.0 * double(kv_dim_) * 2.0;  // K and V, bf16
@@ -342,8 +354,12 @@ void CudaSequence::forward(const int32_t* tokens, int n_tok, int64_t pos0, KvSto
   for (int t = 0; t < n_tok; ++t)
     KVT_CHECK(tokens[t] >= 0 && tokens[t] < c.n_vocab, "token id {} out of vocabulary ({})", tokens[t], c.n_vocab);
   // Dense prefill of an offloading store: attention over the GPU copy of the
-  // prompt (the same function as the store's), K/V appended to the store.
+  // prompt (the same function as the store's), K/V appended to the store (or
+  // to the GPU tiers of a natively decoding policy).
   const bool gpu_prefill = !native_ && kv.dense_attention_now();
+  const bool tiered_decode = tiered_ && !gpu_prefill;
+  KVT_CHECK(!tiered_decode || n_tok == 1, "GPU forward: the tiered decode step takes one token, not {}", n_tok);
+  if (tiered_decode && !tiered_->decoding()) tiered_->start_decode(n_cached_);
   if (native_ || gpu_prefill) {
     KVT_CHECK(pos0 == n_cached_, "GPU forward: position {} but {} tokens are cached", pos0, n_cached_);
     reserve_cache(pos0 + n_tok);
@@ -377,13 +393,15 @@ void CudaSequence::forward(const int32_t* tokens, int n_tok, int64_t pos0, KvSto
     if (L.k_norm.bytes())
       cuda::add_rmsnorm(k_.data(), nullptr, L.k_norm.data(), int64_t(n_tok) * c.n_kv_head, hd, c.rms_eps, k_.data(),
                         s_);
-    if (!native_) cuda::copy_d2h_async(h_kpre_.host(), k_.data(), size_t(n_tok) * size_t(kv_dim_) * 2, s_);
+    if (!native_ && !tiered_) cuda::copy_d2h_async(h_kpre_.host(), k_.data(), size_t(n_tok) * size_t(kv_dim_) * 2, s_);
     cuda::rope(q_.data(), n_tok, q_dim_, c.n_head, hd, pos_.data<int64_t>(), m_.inv_freq_.data<float>(),
                c.rope_interleaved, s_);
     cuda::rope(k_.data(), n_tok, kv_dim_, c.n_kv_head, hd, pos_.data<int64_t>(), m_.inv_freq_.data<float>(),
                c.rope_interleaved, s_);
-    if (gpu_prefill) append_host(l, kv, n_tok);
+    if (tiered_) tiered_->append(l, k_.data(), v_.data(), kv_dim_, pos0, n_tok, s_);
+    else if (gpu_prefill) append_host(l, kv, n_tok);
     if (native_ || gpu_prefill) attend_gpu(l, pos0, n_tok);  // att: [n_tok, n_head, hd]
+    else if (tiered_) tiered_->attend(l, q_.data(), 1.0f / std::sqrt(float(hd)), att_.data(), s_);
     else attend_host(l, kv, n_tok);
     gemm.run(n_tok, E, q_dim_, att_.data(), L.wo.data(), delta_.data(), s_);
 
@@ -394,7 +412,7 @@ void CudaSequence::forward(const int32_t* tokens, int n_tok, int64_t pos0, KvSto
     gemm.run(n_tok, E, c.n_ff, h_.data(), L.w_down.data(), delta_.data(), s_);
     delta = delta_.data();
   }
-  if (native_ || gpu_prefill) n_cached_ += n_tok;
+  if (native_ || gpu_prefill || tiered_) n_cached_ += n_tok;
   if (n_logits > 0) {
     cuda::add_rmsnorm(x_.data(), delta, m_.out_norm_.data(), n_tok, E, c.rms_eps, xb_.data(), s_);
     const uint16_t* last = xb_.data<uint16_t>() + size_t(n_tok - n_logits) * size_t(E);  // [n_logits, n_embd]
@@ -411,9 +429,14 @@ std::unique_ptr<GpuSequence> CudaModel::start(int capacity, const KvStore& kv) {
   // cache itself. Every other store selects, quantizes or analyses on the host.
   // (A `full` store at another precision than bf16 — f32 reference runs,
   // fp8 — goes through the host path, which keeps its rounding exact.)
+  // A tiered store whose policy the GPU decodes natively (gpu_tiered_kv.h)
+  // gets the GPU tiers; any other keeps its CPU store.
   bool native = false;
   if (dynamic_cast<const FullKvStore*>(&kv)) native = parse_policy(kv.describe()).kv == "bf16";
-  return std::make_unique<CudaSequence>(*this, capacity, native);
+  if (const auto* t = dynamic_cast<const TieredKvStore*>(&kv);
+      t && gpu_tiered_unsupported(t->config(), model_.kv_geometry()).empty())
+    return std::make_unique<CudaSequence>(*this, capacity, false, &t->config());
+  return std::make_unique<CudaSequence>(*this, capacity, native, nullptr);
 }
 
 }  // namespace

@@ -10,12 +10,19 @@
 // - `full` (FullKvStore): K/V in bf16 on the GPU, attention on the GPU; the
 //   KvStore passed to forward() is left untouched (memory() reports the GPU
 //   cache instead).
-// - every other policy (yakv, oracle, shadowkv, analysis...): the CPU store
-//   keeps selecting and storing: each layer's new k/v are copied to the host
-//   and appended to the store. While a tiered store's prefill is dense, the
-//   GPU attends over its own bf16 copy of the prompt (freed when decoding
-//   starts); in decode, q goes to the host and the store's attention output
-//   comes back. Correct for every preset, but one synchronization per layer.
+// - a tiered policy the GPU decodes natively (gpu_tiered_kv.h: per-token
+//   higgs2 landmarks at head_dim 128, fp8 or bf16 host K/V, the GQA group's
+//   mean query — e.g. "yakv,kv=fp8,gqa=mean"): the GPU keeps the key index,
+//   the resident tokens and, in pinned host memory, the host tier, and runs
+//   the whole decode step as kernels with no host synchronization; the
+//   KvStore passed to forward() is left untouched, as under `full`.
+// - every other policy (yakv's default higgs4 host K/V, oracle, shadowkv,
+//   analysis...): the CPU store keeps selecting and storing: each layer's new
+//   k/v are copied to the host and appended to the store. In decode, q goes
+//   to the host and the store's attention output comes back. Correct for
+//   every preset, but one synchronization per layer.
+// While a tiered store's prefill is dense, the GPU attends over its own bf16
+// copy of the prompt (freed when decoding starts).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -27,6 +34,10 @@
 namespace kvtier {
 
 class Model;
+class GpuTieredKv;
+
+// Where a GPU sequence keeps its KV cache (see above).
+enum class KvPath { gpu_full, gpu_tiered, host_store };
 
 // One sequence's forward state on the GPU (activations, and the KV cache for
 // `full`). Not thread-safe; one sequence at a time per GpuModel.
@@ -40,6 +51,9 @@ class GpuSequence {
                        float* logits) = 0;
   // True when K/V live on the GPU (policy `full`), false when in `kv`.
   virtual bool kv_on_gpu() const = 0;
+  virtual KvPath kv_path() const = 0;
+  // The GPU tiers of a natively decoding tiered policy, else null.
+  virtual const GpuTieredKv* tiered() const = 0;
   // The sequence's KV accounting: the GPU cache for `full`, else kv.memory().
   virtual KvMemory memory(const KvStore& kv) const = 0;
 };

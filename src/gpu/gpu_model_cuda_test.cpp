@@ -57,7 +57,36 @@ TEST(GpuModelKernels, EmbedRowsAndBiasMatchLoops) {
     }
 }
 
+TEST(GpuModelKernels, ResidentAppendMatchesLoop) {
+  KVT_REQUIRE_GPU();
+  std::mt19937 rng(5);
+  const int H = 3, D = 64, sink = 2, local = 5, n_res = sink + local;
+  std::vector<uint16_t> want(size_t(H * n_res * 2 * D), 0xFFFF);  // unwritten slots stay NaN
+  auto d_res = to_device(want);
+  int64_t pos = 0;
+  for (int n_tok : {1, 9, 3, 1, 1, 6}) {  // chunks longer and shorter than the ring
+    auto k = random_bf16(size_t(n_tok * H * D), rng), v = random_bf16(size_t(n_tok * H * D), rng);
+    for (int t = 0; t < n_tok; ++t) {
+      const int64_t tok = pos + t;
+      int64_t slot = -1;
+      if (tok < sink) slot = tok;
+      else if (tok >= pos + n_tok - local) slot = sink + (tok - sink) % local;
+      if (slot < 0) continue;
+      for (int h = 0; h < H; ++h)
+        for (int d = 0; d < D; ++d) {
+          want[size_t(((h * n_res + slot) * 2) * D + d)] = k[size_t((t * H + h) * D + d)];
+          want[size_t(((h * n_res + slot) * 2 + 1) * D + d)] = v[size_t((t * H + h) * D + d)];
+        }
+    }
+    auto d_k = to_device(k), d_v = to_device(v);
+    cuda::resident_append(d_k.data(), d_v.data(), H * D, H, D, pos, n_tok, sink, local, d_res.data(), nullptr);
+    ASSERT_EQ(to_host<uint16_t>(d_res, want.size()), want) << "after the chunk at " << pos;
+    pos += n_tok;
+  }
+}
+
 struct GreedyRun {
+  KvPath path = KvPath::host_store;
   std::vector<int32_t> tokens;
   std::vector<std::vector<float>> logits;  // [n_gen][n_vocab]: the logits each token was picked from
 };
@@ -100,6 +129,7 @@ GreedyRun greedy(const Model& model, GpuModel* gpu, const std::string& policy, c
     r.tokens.push_back(tok);
     if (step + 1 < n_gen) forward(&tok, 1, pos++, 1, logits.data());
   }
+  if (seq) r.path = seq->kv_path();
   if (seq && seq->kv_on_gpu()) EXPECT_EQ(seq->memory(*kv).gpu_bytes, int64_t(seq->memory(*kv).gpu_bytes_per_token) * (n + n_gen - 1));
   return r;
 }
@@ -223,15 +253,19 @@ TEST(GpuModel, GreedyAndLogitsMatchCpuForEveryModelAndPreset) {
     Model model(open_model_source(mc.write()));
     auto gpu = make_gpu_model(model);
     const auto prompt = test_prompt(200, model.config().n_vocab);
-    for (const std::string policy : {"full", "yakv", "oracle"}) {
+    // yakv,kv=fp8,gqa=mean decodes natively on the GPU at head_dim 128 (gpu_tiered_kv.h).
+    for (const std::string policy : {"full", "yakv", "oracle", "yakv,kv=fp8,gqa=mean"}) {
       const GreedyRun cpu = greedy(model, nullptr, policy, prompt, 64, 32);
       const GreedyRun got = greedy(model, gpu.get(), policy, prompt, 64, 32);
       const Agreement a = compare(cpu, got);
-      std::printf("[gpu-vs-cpu] %-34s %-6s same %2d/32  prefill rel-L2 %.1e  max rel-L2 %.1e  max|d|/scale %.1e  "
+      std::printf("[gpu-vs-cpu] %-34s %-20s same %2d/32  prefill rel-L2 %.1e  max rel-L2 %.1e  max|d|/scale %.1e  "
                   "min top-2 %.1e  top-2 at split %.1e\n",
                   mc.name.c_str(), policy.c_str(), a.n_same, a.first_rel_l2, a.max_rel_l2, a.max_abs, a.min_margin,
                   a.margin_at_split);
       const std::string what = mc.name + " " + policy;
+      const bool tiered = policy == "yakv,kv=fp8,gqa=mean" && model.config().head_dim == 128;
+      EXPECT_EQ(got.path, policy == "full" ? KvPath::gpu_full : tiered ? KvPath::gpu_tiered : KvPath::host_store)
+          << what;
       EXPECT_LT(a.first_rel_l2, kRelL2) << what;  // prefill is dense in every preset
       if (policy == "full") {
         EXPECT_LT(a.max_rel_l2, kRelL2) << what;

@@ -1,0 +1,53 @@
+// Appending a layer's new tokens to the offload tiers on the GPU: the CUDA
+// half of TieredKvStore::append for the policies that decode natively on the
+// GPU (gpu/gpu_tiered_kv.h). Two writers, each with a reference built on the
+// CPU store's own quantizer (quant_format.h), so that a GPU index or host
+// entry holds the records the CPU store would hold:
+//  * index_append: each key (post-RoPE, one KV head, head_dim 128) quantized
+//    as a "higgs2:g128" landmark (optionally with random signs) into the
+//    planar GPU index of index_score.h — row h = KV head at h·row_stride,
+//    token t's 32 code bytes at + 32·t, its bf16 scale at + scale_offset + 2·t.
+//  * entry_append: per (token, KV head) one host entry K|V of head_dim
+//    elements each, FP8-E4M3 (spec "fp8": RNE, saturating at ±448) or bf16,
+//    at dst + t·tok_stride + h·row_stride.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "ops/decode_attn/decode_attn.h"
+
+namespace kvtier {
+
+struct IndexAppendParams {
+  int n_kv_head = 0;
+  int64_t n_tok = 0;         // new tokens
+  int64_t pos0 = 0;          // token id of the first one
+  int64_t row_stride = 0;    // bytes between KV-head rows of the index
+  int64_t scale_offset = 0;  // bytes from a row's start to its scales plane
+};
+
+// Whether `spec` is a landmark spec index_append writes: HIGGS EDEN4-256 with
+// a Hadamard group of 128 (or 0 = the whole head) for head_dim 128.
+bool index_append_supports(const std::string& spec, int head_dim);
+
+// k: [n_tok, n_kv_head, 128] f32; index: rows as above (bytes outside the
+// new tokens' records are left alone).
+void index_append_ref(const std::string& spec, const IndexAppendParams& p, const float* k, uint8_t* index);
+
+struct EntryAppendParams {
+  int n_kv_head = 0;
+  int head_dim = 128;
+  int64_t n_tok = 0;
+  int64_t pos0 = 0;
+  KvElt elt = KvElt::fp8;
+  int64_t tok_stride = 0;  // bytes between tokens' entries
+  int64_t row_stride = 0;  // bytes between KV heads' entries of a token
+};
+
+// Bytes of one entry K|V.
+inline int64_t kv_entry_bytes(KvElt elt, int head_dim) { return 2 * int64_t(head_dim) * (elt == KvElt::fp8 ? 1 : 2); }
+
+// k, v: [n_tok, n_kv_head, head_dim] f32 (bf16 values for elt bf16)
+void entry_append_ref(const EntryAppendParams& p, const float* k, const float* v, uint8_t* dst);
+
+}  // namespace kvtier

@@ -1,0 +1,138 @@
+// index_append: one warp per (token, KV head); lane l owns values 4l..4l+3.
+// The orthonormal Hadamard of 128 runs as butterflies: index bits 0-1 inside
+// the lane, bits 2-6 across lanes by shuffles (Sylvester order, as the CPU's
+// hadamard_transform). The norm and the nearest-point search are in f64 like
+// the CPU reference, so codes differ only at exact f32-rounding ties.
+// entry_append: one thread per 8 elements of K or V (16-byte load, 8- or
+// 16-byte store), straight to the destination (pinned host through its mapped
+// pointer, or device memory).
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include "backend/cuda_backend.h"
+#include "ops/kv_append/kv_append_cuda.h"
+
+namespace kvtier::cuda {
+namespace {
+
+constexpr int kWarpsPerBlock = 4;
+
+__global__ void index_append_kernel(IndexAppendParams p, const __nv_bfloat16* __restrict__ k, int64_t k_tok_stride,
+                                    const float* __restrict__ grid, const float* __restrict__ signs,
+                                    uint8_t* __restrict__ index) {
+  __shared__ float4 pts[256];
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) pts[i] = reinterpret_cast<const float4*>(grid)[i];
+  __syncthreads();
+  const int64_t w = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (w >= p.n_tok * p.n_kv_head) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t t = w / p.n_kv_head;
+  const int h = int(w % p.n_kv_head);
+  const __nv_bfloat16* kr = k + t * k_tok_stride + int64_t(h) * 128 + 4 * lane;
+  float x[4];
+  double n2 = 0;
+  for (int i = 0; i < 4; ++i) {
+    x[i] = __bfloat162float(kr[i]);
+    n2 += double(x[i]) * double(x[i]);
+    if (signs) x[i] *= signs[4 * lane + i];
+  }
+  for (int m = 16; m >= 1; m >>= 1) n2 += __shfl_xor_sync(0xffffffffu, n2, m);
+  // Butterflies over index bits 0 and 1 (inside the lane), then 2..6 (lanes).
+  float a = x[0] + x[1], b = x[0] - x[1], c = x[2] + x[3], d = x[2] - x[3];
+  x[0] = a + c;
+  x[1] = b + d;
+  x[2] = a - c;
+  x[3] = b - d;
+  for (int m = 1; m < 32; m <<= 1)
+    for (int i = 0; i < 4; ++i) {
+      const float o = __shfl_xor_sync(0xffffffffu, x[i], m);
+      x[i] = (lane & m) ? o - x[i] : x[i] + o;
+    }
+  const float inv_sqrt = 0.08838834764831845f;  // 1/√128
+  const __nv_bfloat16 sigma_h = __float2bfloat16_rn(float(sqrt(n2 / 128.0)));
+  const float sigma = __bfloat162float(sigma_h);
+  double u[4];
+  for (int i = 0; i < 4; ++i) u[i] = sigma > 0 ? double(x[i] * inv_sqrt / sigma) : 0.0;
+  int best = 0;
+  double best_d = 1e300;
+  for (int cc = 0; cc < 256; ++cc) {
+    const float4 g = pts[cc];
+    const double e0 = u[0] - g.x, e1 = u[1] - g.y, e2 = u[2] - g.z, e3 = u[3] - g.w;
+    const double dist = e0 * e0 + e1 * e1 + e2 * e2 + e3 * e3;
+    if (dist < best_d) {
+      best_d = dist;
+      best = cc;
+    }
+  }
+  uint8_t* row = index + int64_t(h) * p.row_stride;
+  const int64_t tok = p.pos0 + t;
+  row[32 * tok + lane] = uint8_t(best);
+  if (lane == 0) *reinterpret_cast<__nv_bfloat16*>(row + p.scale_offset + 2 * tok) = sigma_h;
+}
+
+__global__ void entry_append_kernel(EntryAppendParams p, const __nv_bfloat16* __restrict__ k,
+                                    const __nv_bfloat16* __restrict__ v, int64_t kv_tok_stride, uint8_t* dst) {
+  const int per_half = p.head_dim / 8;  // threads per K (or V) row
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t n = p.n_tok * p.n_kv_head * 2 * per_half;
+  if (i >= n) return;
+  const int part = int(i % per_half);
+  const int kv = int((i / per_half) % 2);
+  const int64_t th = i / (2 * per_half);
+  const int64_t t = th / p.n_kv_head;
+  const int h = int(th % p.n_kv_head);
+  const __nv_bfloat16* src = (kv ? v : k) + t * kv_tok_stride + int64_t(h) * p.head_dim + 8 * part;
+  const uint4 raw = *reinterpret_cast<const uint4*>(src);
+  uint8_t* e = dst + (p.pos0 + t) * p.tok_stride + int64_t(h) * p.row_stride;
+  if (p.elt == KvElt::bf16) {
+    *reinterpret_cast<uint4*>(e + int64_t(kv) * p.head_dim * 2 + 16 * part) = raw;
+    return;
+  }
+  const __nv_bfloat16* b = reinterpret_cast<const __nv_bfloat16*>(&raw);
+  uint8_t out[8];
+  for (int j = 0; j < 8; ++j) out[j] = __nv_cvt_float_to_fp8(__bfloat162float(b[j]), __NV_SATFINITE, __NV_E4M3);
+  *reinterpret_cast<uint2*>(e + int64_t(kv) * p.head_dim + 8 * part) = *reinterpret_cast<const uint2*>(out);
+}
+
+}  // namespace
+
+void index_append(const IndexAppendParams& p, const void* k_bf16, int64_t k_tok_stride, const float* grid,
+                  const float* signs, uint8_t* index, cudaStream_t s) {
+  KVT_CHECK(p.n_kv_head > 0 && p.n_tok >= 0 && p.pos0 >= 0, "index_append: n_kv_head {} n_tok {} pos0 {} invalid",
+            p.n_kv_head, p.n_tok, p.pos0);
+  KVT_CHECK(p.scale_offset >= 32 * (p.pos0 + p.n_tok) && p.scale_offset % 2 == 0 &&
+                p.row_stride >= p.scale_offset + 2 * (p.pos0 + p.n_tok),
+            "index_append: row_stride {} / scale_offset {} leave no room for token {}", p.row_stride, p.scale_offset,
+            p.pos0 + p.n_tok);
+  KVT_CHECK(k_tok_stride >= int64_t(p.n_kv_head) * 128 && reinterpret_cast<uintptr_t>(k_bf16) % 8 == 0,
+            "index_append: key token stride {} or alignment invalid", k_tok_stride);
+  if (p.n_tok == 0) return;
+  const int64_t n_warps = p.n_tok * p.n_kv_head;
+  const unsigned blocks = unsigned((n_warps + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  index_append_kernel<<<blocks, 32 * kWarpsPerBlock, 0, s>>>(p, static_cast<const __nv_bfloat16*>(k_bf16),
+                                                               k_tok_stride, grid, signs, index);
+  KVT_CUDA_LAUNCH_CHECK("index_append_kernel");
+}
+
+void entry_append(const EntryAppendParams& p, const void* k_bf16, const void* v_bf16, int64_t kv_tok_stride,
+                  uint8_t* dst, cudaStream_t s) {
+  KVT_CHECK(p.n_kv_head > 0 && p.n_tok >= 0 && p.pos0 >= 0 && p.head_dim % 16 == 0 && p.head_dim > 0,
+            "entry_append: n_kv_head {} n_tok {} pos0 {} head_dim {} invalid", p.n_kv_head, p.n_tok, p.pos0,
+            p.head_dim);
+  const int64_t entry = kv_entry_bytes(p.elt, p.head_dim);
+  KVT_CHECK(p.row_stride >= entry && p.tok_stride >= p.n_kv_head * p.row_stride && p.row_stride % 16 == 0 &&
+                p.tok_stride % 16 == 0,
+            "entry_append: strides ({}, {}) do not hold {}-byte entries of {} heads (multiples of 16)", p.tok_stride,
+            p.row_stride, entry, p.n_kv_head);
+  KVT_CHECK(kv_tok_stride % 8 == 0 && reinterpret_cast<uintptr_t>(k_bf16) % 16 == 0 &&
+                reinterpret_cast<uintptr_t>(v_bf16) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0,
+            "entry_append: sources and destination must be 16-byte aligned");
+  const int64_t n = p.n_tok * p.n_kv_head * 2 * (p.head_dim / 8);
+  if (n == 0) return;
+  entry_append_kernel<<<unsigned((n + 255) / 256), 256, 0, s>>>(p, static_cast<const __nv_bfloat16*>(k_bf16),
+                                                                 static_cast<const __nv_bfloat16*>(v_bf16),
+                                                                 kv_tok_stride, dst);
+  KVT_CUDA_LAUNCH_CHECK("entry_append_kernel");
+}
+
+}  // namespace kvtier::cuda
