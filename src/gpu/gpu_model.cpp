@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <vector>
 
 #include "backend/cuda_backend.h"
@@ -105,6 +106,7 @@ class CudaModel final : public GpuModel {
   size_t weight_bytes_ = 0;
   cuda::Gemm gemm_;
   cuda::Stream stream_;
+  std::set<std::string> noted_;  // policies already told to fall back to the CPU store
 };
 
 CudaModel::CudaModel(const Model& model) : model_(model), c_(model.config()) {
@@ -433,9 +435,16 @@ std::unique_ptr<GpuSequence> CudaModel::start(int capacity, const KvStore& kv) {
   // gets the GPU tiers; any other keeps its CPU store.
   bool native = false;
   if (dynamic_cast<const FullKvStore*>(&kv)) native = parse_policy(kv.describe()).kv == "bf16";
-  if (const auto* t = dynamic_cast<const TieredKvStore*>(&kv);
-      t && gpu_tiered_unsupported(t->config(), model_.kv_geometry()).empty())
-    return std::make_unique<CudaSequence>(*this, capacity, false, &t->config());
+  if (const auto* t = dynamic_cast<const TieredKvStore*>(&kv)) {
+    const std::string why = gpu_tiered_unsupported(t->config(), model_.kv_geometry());
+    if (why.empty()) return std::make_unique<CudaSequence>(*this, capacity, false, &t->config());
+    const std::string policy = to_string(t->config());
+    if (noted_.insert(policy).second)
+      fmt::print(stderr,
+                 "note: --device cuda: policy {} decodes through the CPU store (one host round trip per layer): {}; "
+                 "\"yakv,kv=fp8\" decodes natively on the GPU\n",
+                 policy, why);
+  }
   return std::make_unique<CudaSequence>(*this, capacity, native, nullptr);
 }
 

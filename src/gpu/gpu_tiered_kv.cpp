@@ -30,7 +30,8 @@ std::string gpu_tiered_unsupported(const PolicyConfig& p, const KvGeometry& g) {
                        g.head_dim);
   if (p.kv != "fp8" && p.kv != "bf16") return fmt::format("kv={} (the GPU host tier holds fp8 or bf16 entries)", p.kv);
   if (p.keys_prerope) return "keys_prerope=1 (the GPU host tier holds post-RoPE keys)";
-  if (p.gqa != GqaMode::mean) return "gqa=shadowkv (the GPU scores the GQA group's mean query: gqa=mean)";
+  if (p.gqa == GqaMode::shadowkv && group != 1 && group != 2 && group != 4)
+    return fmt::format("gqa=shadowkv with a GQA group of {} (the GPU scores each query of groups of 1, 2 or 4)", group);
   if (p.local < 1) return "local=0 (the GPU path keeps the current token in the local window)";
   if (p.budget <= 0) return "budget=0";
   if (!cuda::decode_attn_supports(g.head_dim, group)) return fmt::format("a GQA group of {}", group);
@@ -60,7 +61,8 @@ struct GpuTieredKv::Impl {
   int64_t budget = 0;
   std::vector<Layer> layers;
   DeviceBuffer grid, signs, qidx, scores, part_out, part_lse, scratch, misses;
-  int64_t scores_cap = 0, n_part_cap = 0;
+  DeviceBuffer raw, gqa_scratch;  // gqa=shadowkv: [n_kv_head, group, n] per-query scores, the lse partials
+  int64_t scores_cap = 0, raw_cap = 0, n_part_cap = 0;
   cuda::Stream side;
 
   Impl(const PolicyConfig& pc, const KvGeometry& gc)
@@ -93,7 +95,9 @@ GpuTieredKv::GpuTieredKv(const PolicyConfig& p, const KvGeometry& g) {
     I.signs = DeviceBuffer(sg.size() * 4);
     KVT_CUDA_CHECK(cudaMemcpy(I.signs.data(), sg.data(), I.signs.bytes(), cudaMemcpyHostToDevice));
   }
-  I.qidx = DeviceBuffer(size_t(I.H * I.D * 4));
+  I.qidx = DeviceBuffer(size_t(I.QH * I.D * 4));  // [n_kv_head, n_q ≤ group, head_dim]
+  if (p.gqa == GqaMode::shadowkv)
+    I.gqa_scratch = DeviceBuffer(size_t(cuda::index_gqa_scratch_bytes(I.H, I.QH / I.H)));
   I.misses = DeviceBuffer(8);
   KVT_CUDA_CHECK(cudaMemset(I.misses.data(), 0, 8));
 }
@@ -221,21 +225,40 @@ void GpuTieredKv::attend(int layer, const void* q, float scale, void* out, cudaS
   L.join->record(I.side.get());
   if (k > 0) {
     if (I.scores_cap < I.H * n_mid) {
+      KVT_CUDA_CHECK(cudaStreamSynchronize(s));  // the last layer's step may still read the old buffer
       I.scores = DeviceBuffer(size_t(I.H * std::max<int64_t>(n_mid, 2 * I.scores_cap / I.H)) * 4);
       I.scores_cap = int64_t(I.scores.bytes() / 4);
     }
-    cuda::index_query(q, 1, I.QH, I.H, I.D, true, true, I.signs.bytes() ? I.signs.data<float>() : nullptr,
+    // Score: gqa=mean ranks by the group's mean query; gqa=shadowkv by the
+    // max over the group's queries of each one's softmax over all n tokens.
+    const bool mean = I.p.gqa == GqaMode::mean;
+    const int n_q = mean ? 1 : I.QH / I.H;
+    cuda::index_query(q, 1, I.QH, I.H, I.D, mean, true, I.signs.bytes() ? I.signs.data<float>() : nullptr,
                       I.qidx.data<float>(), s);
     IndexScoreParams sp;
     sp.n_kv_head = I.H;
     sp.head_dim = I.D;
-    sp.n_q = 1;
-    sp.n_tok = n_mid;
-    sp.tok_offset = sink;
+    sp.n_q = n_q;
     sp.row_stride = L.row_stride;
     sp.scale_offset = 32 * L.cap;
-    cuda::index_score(IndexElt::higgs2, sp, I.qidx.data<float>(), L.index.data<uint8_t>(), I.grid.data<float>(),
-                      I.scores.data<float>(), s);
+    if (mean) {
+      sp.n_tok = n_mid;
+      sp.tok_offset = sink;
+      cuda::index_score(IndexElt::higgs2, sp, I.qidx.data<float>(), L.index.data<uint8_t>(), I.grid.data<float>(),
+                        I.scores.data<float>(), s);
+    } else {
+      if (I.raw_cap < I.H * n_q * n) {
+        KVT_CUDA_CHECK(cudaStreamSynchronize(s));
+        I.raw = DeviceBuffer(size_t(I.H * n_q * std::max<int64_t>(n, 2 * I.raw_cap / (I.H * n_q))) * 4);
+        I.raw_cap = int64_t(I.raw.bytes() / 4);
+      }
+      sp.n_tok = n;
+      sp.per_query = true;
+      cuda::index_score(IndexElt::higgs2, sp, I.qidx.data<float>(), L.index.data<uint8_t>(), I.grid.data<float>(),
+                        I.raw.data<float>(), s);
+      cuda::index_gqa_softmax_max(I.raw.data<float>(), I.H, n_q, n, scale, sink, n_mid, I.gqa_scratch.data(),
+                                  I.scores.data<float>(), s);
+    }
     const int cur = L.parity, prev = 1 - L.parity;
     int32_t* sel = L.sel[cur].data<int32_t>();
     cuda::topk(I.scores.data<float>(), I.H, n_mid, n_mid, k, sink, sel, s);

@@ -2,11 +2,14 @@
 // decode step runs natively there (see gpu_tiered_unsupported): per-token
 // higgs2 landmarks (chunk 1, head_dim 128) in a GPU key index, every token's
 // K|V in pinned host memory as FP8 or bf16 entries, sinks and the local
-// window resident in bf16. The records are the CPU store's (ops/kv_append),
+// window resident in bf16, GQA by the group's mean query (gqa=mean) or by
+// the max of each query's softmax (gqa=shadowkv, groups of 1, 2 or 4). The
+// records are the CPU store's (ops/kv_append),
 // and the decode step is TieredKvStore::attend_one's, as kernels on one
 // stream with no host synchronization:
-//   index_query (the GQA group's mean query, Hadamard-rotated) → index_score
-//   over the non-resident tokens → topk (the budget) → gather_slots (zero-copy
+//   index_query (Hadamard-rotated) → index_score over the non-resident
+//   tokens (gqa=shadowkv: every query over all tokens, then
+//   index_gqa_softmax_max) → topk (the budget) → gather_slots (zero-copy
 //   reads of the misses; tokens selected again keep their slot) → decode
 //   attention over the slots, while a side stream attends to the resident
 //   tokens → attn_merge by log-sum-exp.

@@ -121,7 +121,8 @@ TEST_P(GpuTieredKvCuda, DecodeMatchesTheCpuStore) {
 
 INSTANTIATE_TEST_SUITE_P(
     Policies, GpuTieredKvCuda,
-    ::testing::Values(Case{"yakv,kv=fp8,gqa=mean", 3000, 1000, 12},
+    ::testing::Values(Case{"yakv,kv=fp8,gqa=mean", 3000, 1000, 12}, Case{"yakv,kv=fp8", 3000, 1000, 12},
+                      Case{"yakv,kv=bf16,sink=4,local=16,budget=40", 1500, 256, 10},
                       Case{"yakv,kv=bf16,gqa=mean,sink=4,local=16,budget=40", 1500, 256, 10},
                       // budget above the selectable tokens at first: k grows every step
                       Case{"yakv,kv=fp8,gqa=mean,lm=higgs2:g128:rs,sink=2,local=8,budget=64", 60, 7, 24}),
@@ -134,9 +135,12 @@ TEST(GpuTieredKv, PoliciesWithoutANativePathSayWhy) {
   g.n_kv_head = 2;
   g.head_dim = 128;
   EXPECT_NE(gpu_tiered_unsupported(parse_policy("yakv"), g).find("kv=higgs4"), std::string::npos);
-  EXPECT_NE(gpu_tiered_unsupported(parse_policy("yakv,kv=fp8"), g).find("gqa"), std::string::npos);
+  EXPECT_EQ(gpu_tiered_unsupported(parse_policy("yakv,kv=fp8"), g), "");  // gqa=shadowkv, a group of 4
   EXPECT_NE(gpu_tiered_unsupported(parse_policy("shadowkv"), g).find("landmarks"), std::string::npos);
   EXPECT_EQ(gpu_tiered_unsupported(parse_policy("yakv,kv=bf16,gqa=mean"), g), "");
+  g.n_head = 16;
+  EXPECT_NE(gpu_tiered_unsupported(parse_policy("yakv,kv=fp8"), g).find("group of 8"), std::string::npos);
+  EXPECT_EQ(gpu_tiered_unsupported(parse_policy("yakv,kv=fp8,gqa=mean"), g), "");
   g.head_dim = 64;
   g.n_head = 2;
   g.n_kv_head = 1;

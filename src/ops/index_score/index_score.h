@@ -14,7 +14,8 @@
 //  * dense landmarks: head_dim bf16 or FP8-E4M3 (unscaled) values per token
 //    (ShadowKV's chunk means, or FP8 keys / landmarks).
 // GQA: n_q query vectors per KV head (1 = the group's mean query); the score
-// of a token is the max over them.
+// of a token is the max over them, or, with per_query (higgs2), each query's
+// own score, for index_gqa_softmax_max to aggregate.
 #pragma once
 #include <cstdint>
 
@@ -33,6 +34,7 @@ struct IndexScoreParams {
   int64_t tok_offset = 0;  // first scored token within each row
   int64_t row_stride = 0;  // bytes between rows of the index
   int64_t scale_offset = 0;  // higgs2: byte offset of the scale plane in a row (>= 32 · (tok_offset + n_tok))
+  bool per_query = false;    // scores [n_seq, n_kv_head, n_q, n_tok]: every query's score (higgs2 only)
 };
 
 // Bytes of one token's index entry for `elt` at head_dim.
@@ -41,7 +43,7 @@ int64_t index_record_bytes(IndexElt elt, int head_dim);
 // q:      [n_seq, n_kv_head, n_q, head_dim] f32 (higgs2: already rotated)
 // index:  [n_seq * n_kv_head rows, row_stride bytes]
 // grid:   [256, 4] f32 EDEN4-256 (higgs2 only; else null)
-// scores: [n_seq, n_kv_head, n_tok] f32
+// scores: [n_seq, n_kv_head, n_tok] f32 ([n_seq, n_kv_head, n_q, n_tok] with per_query)
 void index_score_ref(IndexElt elt, const IndexScoreParams& p, const float* q, const uint8_t* index,
                      const float* grid, float* scores);
 
@@ -52,5 +54,14 @@ void index_score_ref(IndexElt elt, const IndexScoreParams& p, const float* q, co
 // out: [n_seq, n_kv_head, n_q, head_dim] f32
 void index_query_ref(const float* q, int n_seq, int n_head, int n_kv_head, int head_dim,
                      bool mean_group, bool rotate, const float* signs, float* out);
+
+// GQA aggregation "shadowkv" (SPEC "Policies"; kv/selector.h aggregate_gqa):
+// per row and query j, the softmax of scale·raw_j over the row's n_tok
+// tokens, then the max over j, for tokens [sel_offset, sel_offset + n_sel).
+// Written as max_j (scale·raw_j − lse_j): the log of that max, so the same
+// order for top-k, without f32 underflow to 0 far below the maximum.
+// raw: [n_rows, n_q, n_tok] f32; out: [n_rows, n_sel] f32.
+void index_gqa_softmax_max_ref(const float* raw, int64_t n_rows, int n_q, int64_t n_tok, float scale,
+                               int64_t sel_offset, int64_t n_sel, float* out);
 
 }  // namespace kvtier

@@ -104,6 +104,12 @@ __global__ void __launch_bounds__(kScoreThreads, 5) higgs2_score_kernel(IndexSco
 #pragma unroll
         for (int qi = 0; qi < NQ; ++qi) acc[qi] += lut[qi * 8192 + at];
       }
+      if (p.per_query) {
+#pragma unroll
+        for (int qi = 0; qi < NQ; ++qi)
+          if (t < p.n_tok) scores[(row * NQ + qi) * p.n_tok + t] = scale[u] * acc[qi];
+        continue;
+      }
       float best = acc[0];
 #pragma unroll
       for (int qi = 1; qi < NQ; ++qi) best = fmaxf(best, acc[qi]);
@@ -245,12 +251,81 @@ __global__ void index_query_kernel(const __nv_bfloat16* __restrict__ q, int n_he
   out[int64_t(blockIdx.x) * hd + d] = acc;
 }
 
+// Per (row, query, slice): the slice's max of scale·raw and Σ exp(scale·raw − max).
+constexpr int kGqaSlices = 32;
+constexpr int kGqaThreads = 256;
+
+__device__ __forceinline__ void lse_combine(float& m, float& s, float m2, float s2) {
+  const float mx = fmaxf(m, m2);
+  if (mx == -INFINITY) return;
+  s = s * __expf(m - mx) + s2 * __expf(m2 - mx);
+  m = mx;
+}
+
+__global__ void gqa_partial_kernel(const float* __restrict__ raw, int64_t n_tok, float scale, float2* partial) {
+  const int64_t rq = blockIdx.y;  // row · n_q + j
+  const float* x = raw + rq * n_tok;
+  const int64_t per = (n_tok + kGqaSlices - 1) / kGqaSlices;
+  const int64_t t0 = int64_t(blockIdx.x) * per, t1 = min(n_tok, t0 + per);
+  float m = -INFINITY, sum = 0.f;
+  for (int64_t t = t0 + threadIdx.x; t < t1; t += blockDim.x) lse_combine(m, sum, scale * x[t], 1.f);
+  for (int off = 16; off > 0; off >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, off), s2 = __shfl_xor_sync(0xffffffffu, sum, off);
+    lse_combine(m, sum, m2, s2);
+  }
+  __shared__ float2 warp[kGqaThreads / 32];
+  if ((threadIdx.x & 31) == 0) warp[threadIdx.x / 32] = make_float2(m, sum);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kGqaThreads / 32; ++w) lse_combine(m, sum, warp[w].x, warp[w].y);
+    partial[rq * kGqaSlices + blockIdx.x] = make_float2(m, sum);
+  }
+}
+
+__global__ void gqa_max_kernel(const float* __restrict__ raw, int n_q, int64_t n_tok, float scale, int64_t sel_offset,
+                               int64_t n_sel, const float2* __restrict__ partial, float* __restrict__ out) {
+  const int64_t row = blockIdx.y;
+  __shared__ float lse[4];
+  if (threadIdx.x < n_q) {
+    float m = -INFINITY, sum = 0.f;
+    const float2* pp = partial + (row * n_q + threadIdx.x) * kGqaSlices;
+    for (int i = 0; i < kGqaSlices; ++i) lse_combine(m, sum, pp[i].x, pp[i].y);
+    lse[threadIdx.x] = m + __logf(sum);
+  }
+  __syncthreads();
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n_sel; i += int64_t(gridDim.x) * blockDim.x) {
+    float best = -INFINITY;
+    for (int j = 0; j < n_q; ++j) best = fmaxf(best, scale * raw[(row * n_q + j) * n_tok + sel_offset + i] - lse[j]);
+    out[row * n_sel + i] = best;
+  }
+}
+
 }  // namespace
+
+int64_t index_gqa_scratch_bytes(int64_t n_rows, int n_q) { return n_rows * n_q * kGqaSlices * int64_t(sizeof(float2)); }
+
+void index_gqa_softmax_max(const float* raw, int64_t n_rows, int n_q, int64_t n_tok, float scale, int64_t sel_offset,
+                           int64_t n_sel, void* scratch, float* out, cudaStream_t s) {
+  KVT_CHECK(n_q >= 1 && n_q <= 4 && n_rows >= 1 && n_rows < 65536 && sel_offset >= 0 && n_sel >= 0 &&
+                sel_offset + n_sel <= n_tok,
+            "index_gqa_softmax_max: n_rows {} n_q {} tokens [{}, +{}) of {} invalid", n_rows, n_q, sel_offset, n_sel,
+            n_tok);
+  KVT_CHECK(reinterpret_cast<uintptr_t>(scratch) % 8 == 0, "index_gqa_softmax_max: scratch must be 8-byte aligned");
+  if (n_sel == 0) return;
+  auto* partial = static_cast<float2*>(scratch);
+  gqa_partial_kernel<<<dim3(kGqaSlices, unsigned(n_rows * n_q)), kGqaThreads, 0, s>>>(raw, n_tok, scale, partial);
+  KVT_CUDA_LAUNCH_CHECK("gqa_partial_kernel");
+  const int64_t bx = std::min<int64_t>((n_sel + kGqaThreads - 1) / kGqaThreads, std::max<int64_t>(1, 1024 / n_rows));
+  gqa_max_kernel<<<dim3(unsigned(bx), unsigned(n_rows)), kGqaThreads, 0, s>>>(raw, n_q, n_tok, scale, sel_offset, n_sel,
+                                                                             partial, out);
+  KVT_CUDA_LAUNCH_CHECK("gqa_max_kernel");
+}
 
 void index_score(IndexElt elt, const IndexScoreParams& p, const float* q, const uint8_t* index,
                  const float* grid, float* scores, cudaStream_t s) {
   KVT_CHECK(p.head_dim == 128, "index_score (CUDA): head_dim {} unsupported (128 only)", p.head_dim);
   KVT_CHECK(p.n_q >= 1 && p.n_q <= 4 && p.n_q != 3, "index_score (CUDA): n_q {} not 1, 2 or 4", p.n_q);
+  KVT_CHECK(!p.per_query || elt == IndexElt::higgs2, "index_score (CUDA): per_query is for higgs2 landmarks");
   if (p.n_tok <= 0) return;
   if (elt == IndexElt::higgs2) {
     KVT_CHECK(grid != nullptr, "index_score: higgs2 needs the EDEN4-256 grid");

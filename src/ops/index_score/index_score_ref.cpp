@@ -26,6 +26,7 @@ void index_score_ref(IndexElt elt, const IndexScoreParams& p, const float* q, co
                      const float* grid, float* scores) {
   const int64_t rec = index_record_bytes(elt, p.head_dim);
   KVT_CHECK(p.n_q >= 1 && p.n_q <= 4, "index_score: n_q {} not in 1..4", p.n_q);
+  KVT_CHECK(!p.per_query || elt == IndexElt::higgs2, "index_score: per_query is for higgs2 landmarks");
   const bool planar = elt == IndexElt::higgs2;
   KVT_CHECK(!planar || (p.scale_offset >= 32 * (p.tok_offset + p.n_tok) &&
                         p.scale_offset + 2 * (p.tok_offset + p.n_tok) <= p.row_stride),
@@ -55,8 +56,9 @@ void index_score_ref(IndexElt elt, const IndexScoreParams& p, const float* q, co
           for (int d = 0; d < p.head_dim; ++d) s += double(qv[d]) * e4m3_to_f32(e[d]);
         }
         best = std::max(best, s);
+        if (p.per_query) scores[(r * p.n_q + j) * p.n_tok + t] = float(s);
       }
-      scores[r * p.n_tok + t] = float(best);
+      if (!p.per_query) scores[r * p.n_tok + t] = float(best);
     }
   }
 }
@@ -84,6 +86,28 @@ void index_query_ref(const float* q, int n_seq, int n_head, int n_kv_head, int h
         if (rotate) hadamard_transform_ref(v.data(), head_dim);
         std::copy(v.begin(), v.end(), out + ((int64_t(s) * n_kv_head + g) * n_q + j) * head_dim);
       }
+    }
+  }
+}
+
+void index_gqa_softmax_max_ref(const float* raw, int64_t n_rows, int n_q, int64_t n_tok, float scale,
+                               int64_t sel_offset, int64_t n_sel, float* out) {
+  KVT_CHECK(n_q >= 1 && sel_offset >= 0 && n_sel >= 0 && sel_offset + n_sel <= n_tok,
+            "index_gqa_softmax_max: n_q {} tokens [{}, +{}) of {}", n_q, sel_offset, n_sel, n_tok);
+  std::vector<double> lse(static_cast<size_t>(n_q));
+  for (int64_t r = 0; r < n_rows; ++r) {
+    for (int j = 0; j < n_q; ++j) {
+      const float* x = raw + (r * n_q + j) * n_tok;
+      double mx = -INFINITY, sum = 0;
+      for (int64_t t = 0; t < n_tok; ++t) mx = std::max(mx, double(scale) * x[t]);
+      for (int64_t t = 0; t < n_tok; ++t) sum += std::exp(double(scale) * x[t] - mx);
+      lse[size_t(j)] = mx + std::log(sum);
+    }
+    for (int64_t i = 0; i < n_sel; ++i) {
+      double best = -INFINITY;
+      for (int j = 0; j < n_q; ++j)
+        best = std::max(best, double(scale) * raw[(r * n_q + j) * n_tok + sel_offset + i] - lse[size_t(j)]);
+      out[r * n_sel + i] = float(best);
     }
   }
 }
