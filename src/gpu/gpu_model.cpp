@@ -442,7 +442,7 @@ std::unique_ptr<GpuSequence> CudaModel::start(int capacity, const KvStore& kv) {
     if (noted_.insert(policy).second)
       fmt::print(stderr,
                  "note: --device cuda: policy {} decodes through the CPU store (one host round trip per layer): {}; "
-                 "\"yakv,kv=fp8\" decodes natively on the GPU\n",
+                 "yakv and its fp8/bf16 host variants decode natively on the GPU (head_dim 128)\n",
                  policy, why);
   }
   return std::make_unique<CudaSequence>(*this, capacity, native, nullptr);

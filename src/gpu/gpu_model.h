@@ -11,12 +11,12 @@
 //   KvStore passed to forward() is left untouched (memory() reports the GPU
 //   cache instead).
 // - a tiered policy the GPU decodes natively (gpu_tiered_kv.h: per-token
-//   higgs2 landmarks at head_dim 128, fp8 or bf16 host K/V, the GQA group's
-//   mean query — e.g. "yakv,kv=fp8,gqa=mean"): the GPU keeps the key index,
+//   higgs2 landmarks at head_dim 128, HIGGS4, fp8 or bf16 host K/V — yakv
+//   and its variants): the GPU keeps the key index,
 //   the resident tokens and, in pinned host memory, the host tier, and runs
 //   the whole decode step as kernels with no host synchronization; the
 //   KvStore passed to forward() is left untouched, as under `full`.
-// - every other policy (yakv's default higgs4 host K/V, oracle, shadowkv,
+// - every other policy (oracle, shadowkv, chunked landmarks, head_dim 64,
 //   analysis...): the CPU store keeps selecting and storing: each layer's new
 //   k/v are copied to the host and appended to the store. In decode, q goes
 //   to the host and the store's attention output comes back. Correct for

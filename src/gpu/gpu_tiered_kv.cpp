@@ -12,6 +12,7 @@
 #include "ops/gather/gather_cuda.h"
 #include "ops/index_score/index_score_cuda.h"
 #include "ops/kv_append/kv_append_cuda.h"
+#include "ops/record_dequant/record_dequant_cuda.h"
 #include "ops/quant/hadamard.h"
 #include "ops/quant/higgs_grid.h"
 #include "ops/quant/quant_format.h"
@@ -28,7 +29,10 @@ std::string gpu_tiered_unsupported(const PolicyConfig& p, const KvGeometry& g) {
   if (!index_append_supports(resolved_lm_spec(p.lm, g.head_dim), g.head_dim))
     return fmt::format("lm={} at head_dim {} (the GPU index is higgs2 with group 128, head_dim 128)", p.lm,
                        g.head_dim);
-  if (p.kv != "fp8" && p.kv != "bf16") return fmt::format("kv={} (the GPU host tier holds fp8 or bf16 entries)", p.kv);
+  if (p.kv != "fp8" && p.kv != "bf16") {
+    const std::string why = higgs_record_unsupported(p.kv, g.n_kv_head, g.head_dim);
+    if (!why.empty()) return fmt::format("kv={}: {}", p.kv, why);
+  }
   if (p.keys_prerope) return "keys_prerope=1 (the GPU host tier holds post-RoPE keys)";
   if (p.gqa == GqaMode::shadowkv && group != 1 && group != 2 && group != 4)
     return fmt::format("gqa=shadowkv with a GQA group of {} (the GPU scores each query of groups of 1, 2 or 4)", group);
@@ -42,11 +46,11 @@ struct GpuTieredKv::Impl {
   struct Layer {
     int64_t n = 0;             // tokens held
     int64_t cap = 0;           // tokens the host tier and the index have room for
-    PinnedBuffer host;         // [cap, n_kv_head, entry] K|V entries
+    PinnedBuffer host;         // [cap, tok_bytes]: fp8/bf16 [n_kv_head, entry] K|V; higgs one entry of records
     DeviceBuffer index;        // [n_kv_head rows, row_stride]: codes plane [cap, 32], scales plane [cap] bf16
     int64_t row_stride = 0;
     DeviceBuffer resident;     // [n_kv_head, n_res, 2, head_dim] bf16
-    DeviceBuffer slots;        // [n_kv_head, k, entry]: the slot cache
+    DeviceBuffer slots;        // [n_kv_head, k, entry]: the slot cache (higgs: whole-token records)
     DeviceBuffer sel[2], slot_of[2];  // [n_kv_head, k] int32: a step's selection and its slots, and the last step's
     int parity = 0;
     int k_prev = -1;           // k of the last step (-1: none); a new k starts the cache afresh
@@ -55,20 +59,30 @@ struct GpuTieredKv::Impl {
   PolicyConfig p;
   KvGeometry g;
   int H, D, QH;
+  // Host K/V: fp8 / bf16 entries per (token, KV head), or HIGGS records over
+  // the layer width per token (one entry serves every head; the slot cache
+  // holds the records and record_dequant rebuilds the head's K|V in deq).
+  bool higgs;
   KvElt elt;
-  int64_t entry, n_res;
+  HiggsRecordLayout rec;
+  int64_t entry;      // bytes a slot holds (fp8/bf16: one head's K|V; higgs: the token's records)
+  int64_t tok_bytes;  // host bytes per token and layer
+  int64_t n_res;
   bool decoding = false;
   int64_t budget = 0;
   std::vector<Layer> layers;
   DeviceBuffer grid, signs, qidx, scores, part_out, part_lse, scratch, misses;
-  DeviceBuffer raw, gqa_scratch;  // gqa=shadowkv: [n_kv_head, group, n] per-query scores, the lse partials
+  DeviceBuffer raw, gqa_scratch;    // gqa=shadowkv: [n_kv_head, group, n] per-query scores, the lse partials
+  DeviceBuffer grid2, signs2, deq;  // higgs host K/V: EDEN2-256, its signs, [n_kv_head, k, K|V] bf16 (shared by the layers)
   int64_t scores_cap = 0, raw_cap = 0, n_part_cap = 0;
   cuda::Stream side;
 
   Impl(const PolicyConfig& pc, const KvGeometry& gc)
       : p(pc), g(gc), H(gc.n_kv_head), D(gc.head_dim), QH(gc.n_head),
-        elt(pc.kv == "fp8" ? KvElt::fp8 : KvElt::bf16), entry(kv_entry_bytes(elt, gc.head_dim)),
-        n_res(int64_t(pc.sink) + pc.local) {}
+        higgs(pc.kv != "fp8" && pc.kv != "bf16"), elt(pc.kv == "fp8" ? KvElt::fp8 : KvElt::bf16),
+        rec(higgs ? higgs_record_layout(pc.kv, gc.n_kv_head * gc.head_dim) : HiggsRecordLayout()),
+        entry(higgs ? rec.entry_bytes : kv_entry_bytes(elt, gc.head_dim)),
+        tok_bytes(higgs ? rec.entry_bytes : gc.n_kv_head * entry), n_res(int64_t(pc.sink) + pc.local) {}
 
   void grow(Layer& L, int64_t need, cudaStream_t s);
   void ensure_parts(int n_part, cudaStream_t s);
@@ -95,6 +109,17 @@ GpuTieredKv::GpuTieredKv(const PolicyConfig& p, const KvGeometry& g) {
     I.signs = DeviceBuffer(sg.size() * 4);
     KVT_CUDA_CHECK(cudaMemcpy(I.signs.data(), sg.data(), I.signs.bytes(), cudaMemcpyHostToDevice));
   }
+  if (I.higgs) {
+    const HiggsGrid& g2 = higgs_grid(2, 256);
+    I.grid2 = DeviceBuffer(g2.points.size() * 4);
+    KVT_CUDA_CHECK(cudaMemcpy(I.grid2.data(), g2.points.data(), I.grid2.bytes(), cudaMemcpyHostToDevice));
+    if (I.rec.random_signs) {
+      std::vector<float> sg(static_cast<size_t>(I.rec.group));
+      hadamard_signs(I.rec.sign_seed, I.rec.group, sg.data());
+      I.signs2 = DeviceBuffer(sg.size() * 4);
+      KVT_CUDA_CHECK(cudaMemcpy(I.signs2.data(), sg.data(), I.signs2.bytes(), cudaMemcpyHostToDevice));
+    }
+  }
   I.qidx = DeviceBuffer(size_t(I.QH * I.D * 4));  // [n_kv_head, n_q ≤ group, head_dim]
   if (p.gqa == GqaMode::shadowkv)
     I.gqa_scratch = DeviceBuffer(size_t(cuda::index_gqa_scratch_bytes(I.H, I.QH / I.H)));
@@ -110,8 +135,8 @@ void GpuTieredKv::Impl::grow(Layer& L, int64_t need, cudaStream_t s) {
   const int64_t cap = std::max<int64_t>({need, 2 * L.cap, 1024});
   const int64_t row_stride = (cap * 34 + 15) / 16 * 16;
   KVT_CUDA_CHECK(cudaStreamSynchronize(s));  // in-flight kernels may still write the old tiers
-  PinnedBuffer host(size_t(cap * H * entry));
-  if (L.n > 0) std::memcpy(host.host(), L.host.host(), size_t(L.n * H * entry));
+  PinnedBuffer host(size_t(cap * tok_bytes));
+  if (L.n > 0) std::memcpy(host.host(), L.host.host(), size_t(L.n * tok_bytes));
   DeviceBuffer index(size_t(H * row_stride));
   if (L.n > 0) {
     KVT_CUDA_CHECK(cudaMemcpy2DAsync(index.data(), size_t(row_stride), L.index.data(), size_t(L.row_stride),
@@ -143,15 +168,20 @@ void GpuTieredKv::append(int layer, const void* k, const void* v, int64_t kv_tok
   Impl::Layer& L = I.layers[size_t(layer)];
   KVT_CHECK(pos0 == L.n && n_tok >= 1, "GPU tiered KV: append at {} ({} tokens) but {} are held", pos0, n_tok, L.n);
   I.grow(L, pos0 + n_tok, s);
-  EntryAppendParams ep;
-  ep.n_kv_head = I.H;
-  ep.head_dim = I.D;
-  ep.n_tok = n_tok;
-  ep.pos0 = pos0;
-  ep.elt = I.elt;
-  ep.row_stride = I.entry;
-  ep.tok_stride = I.H * I.entry;
-  cuda::entry_append(ep, k, v, kv_tok_stride, L.host.device_ptr<uint8_t>(), s);
+  if (I.higgs) {
+    cuda::record_append(I.rec, n_tok, pos0, I.tok_bytes, k, v, kv_tok_stride, I.grid2.data<float>(),
+                        I.signs2.bytes() ? I.signs2.data<float>() : nullptr, L.host.device_ptr<uint8_t>(), s);
+  } else {
+    EntryAppendParams ep;
+    ep.n_kv_head = I.H;
+    ep.head_dim = I.D;
+    ep.n_tok = n_tok;
+    ep.pos0 = pos0;
+    ep.elt = I.elt;
+    ep.row_stride = I.entry;
+    ep.tok_stride = I.tok_bytes;
+    cuda::entry_append(ep, k, v, kv_tok_stride, L.host.device_ptr<uint8_t>(), s);
+  }
   IndexAppendParams ip;
   ip.n_kv_head = I.H;
   ip.n_tok = n_tok;
@@ -177,6 +207,7 @@ void GpuTieredKv::start_decode(int64_t n_prompt) {
   gp.k = int(kmax);
   gp.entry_bytes = I.entry;
   I.scratch = DeviceBuffer(size_t(cuda::gather_slots_scratch_bytes(gp)));
+  if (I.higgs) I.deq = DeviceBuffer(size_t(I.H * kmax * 4 * I.D));
   for (auto& L : I.layers) {
     L.slots = DeviceBuffer(size_t(I.H * kmax * I.entry));
     for (int i = 0; i < 2; ++i) {
@@ -270,24 +301,38 @@ void GpuTieredKv::attend(int layer, const void* q, float scale, void* out, cudaS
     gp.n_rows = I.H;
     gp.k = k;
     gp.entry_bytes = I.entry;
-    gp.src_row_stride = I.entry;
-    gp.src_tok_stride = I.H * I.entry;
+    gp.src_row_stride = I.higgs ? 0 : I.entry;  // higgs: every head reads the token's one entry
+    gp.src_tok_stride = I.tok_bytes;
     gp.dst_row_stride = int64_t(k) * I.entry;
     int32_t* slot = L.slot_of[cur].data<int32_t>();
     uint8_t* cache = L.slots.data<uint8_t>();
     cuda::gather_slots(gp, L.host.device_ptr<uint8_t>(), sel, L.sel[prev].data<int32_t>(),
                        L.slot_of[prev].data<int32_t>(), slot, I.scratch.data(), cache,
                        I.misses.data<unsigned long long>(), s);
+    const uint8_t* kv_slots = cache;  // [n_kv_head, k] slots of K|V as attention reads them
+    int64_t slot_bytes = I.entry;
+    if (I.higgs) {  // rebuild each listed slot's head K|V (bf16) from its records
+      RecordDequantParams dp;
+      dp.n_rows = I.H;
+      dp.n_kv_head = I.H;
+      dp.k = k;
+      dp.src_row_stride = int64_t(k) * I.entry;
+      dp.dst_row_stride = int64_t(k) * 4 * I.D;
+      cuda::record_dequant(I.rec, dp, cache, slot, I.grid2.data<float>(),
+                           I.signs2.bytes() ? I.signs2.data<float>() : nullptr, I.deq.data<uint8_t>(), s);
+      kv_slots = I.deq.data<uint8_t>();
+      slot_bytes = 4 * I.D;
+    }
     DecodeAttnParams gp2 = ap;
-    gp2.elt = I.elt;
-    gp2.row_stride = int64_t(k) * I.entry;
-    gp2.tok_stride = I.entry;
+    gp2.elt = I.higgs ? KvElt::bf16 : I.elt;
+    gp2.row_stride = int64_t(k) * slot_bytes;
+    gp2.tok_stride = slot_bytes;
     gp2.n_tok = k;
     gp2.idx_stride = k;
     gp2.n_split = splits;
     gp2.part0 = 1;
-    cuda::decode_attn(gp2, q, cache, cache + I.entry / 2, slot, I.part_out.data<float>(), I.part_lse.data<float>(),
-                      s);
+    cuda::decode_attn(gp2, q, kv_slots, kv_slots + slot_bytes / 2, slot, I.part_out.data<float>(),
+                      I.part_lse.data<float>(), s);
     L.parity = prev;
     L.k_prev = k;
   }
@@ -301,10 +346,11 @@ KvMemory GpuTieredKv::memory() const {
   KvMemory m;
   const double n_layer = double(I.layers.size());
   m.gpu_bytes_per_token = n_layer * I.H * 34.0;  // higgs2 landmarks
-  m.host_bytes_per_token = n_layer * I.H * double(I.entry);
+  m.host_bytes_per_token = n_layer * double(I.tok_bytes);
   for (const auto& L : I.layers) {
     m.gpu_bytes += L.n * I.H * 34 + int64_t(L.resident.bytes() + L.slots.bytes());
-    m.host_bytes += L.n * I.H * I.entry;
+  m.gpu_bytes += int64_t(I.deq.bytes());
+    m.host_bytes += L.n * I.tok_bytes;
   }
   return m;
 }

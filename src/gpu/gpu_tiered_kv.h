@@ -1,7 +1,8 @@
 // The tiered KV cache of one sequence on the GPU, for the policies whose
 // decode step runs natively there (see gpu_tiered_unsupported): per-token
 // higgs2 landmarks (chunk 1, head_dim 128) in a GPU key index, every token's
-// K|V in pinned host memory as FP8 or bf16 entries, sinks and the local
+// K|V in pinned host memory (FP8 or bf16 entries per KV head, or — yakv's
+// default — HIGGS4 records over the layer's KV width), sinks and the local
 // window resident in bf16, GQA by the group's mean query (gqa=mean) or by
 // the max of each query's softmax (gqa=shadowkv, groups of 1, 2 or 4). The
 // records are the CPU store's (ops/kv_append),
@@ -10,7 +11,8 @@
 //   index_query (Hadamard-rotated) → index_score over the non-resident
 //   tokens (gqa=shadowkv: every query over all tokens, then
 //   index_gqa_softmax_max) → topk (the budget) → gather_slots (zero-copy
-//   reads of the misses; tokens selected again keep their slot) → decode
+//   reads of the misses; tokens selected again keep their slot; HIGGS
+//   records are then rebuilt into the head's bf16 K|V) → decode
 //   attention over the slots, while a side stream attends to the resident
 //   tokens → attn_merge by log-sum-exp.
 #pragma once
@@ -48,7 +50,8 @@ class GpuTieredKv {
 
   KvMemory memory() const;
   int64_t budget() const;
-  // Host entries read over PCIe by the decode steps so far (syncs the device).
+  // Host entries read over PCIe by the decode steps so far (syncs the device),
+  // each entry_bytes (fp8/bf16: one head's K|V; HIGGS: the token's records).
   uint64_t host_entries_read() const;
   int64_t entry_bytes() const;
 

@@ -10,6 +10,11 @@
 //  * entry_append: per (token, KV head) one host entry K|V of head_dim
 //    elements each, FP8-E4M3 (spec "fp8": RNE, saturating at ±448) or bf16,
 //    at dst + t·tok_stride + h·row_stride.
+//  * record_append: per token one host entry of HIGGS records over the
+//    layer's whole KV width (SPEC yakv's host K/V: EDEN2-256, Hadamard group =
+//    the largest power of two dividing the width, or the spec's group ≥ 128):
+//    the K record, the V record, zeros up to a multiple of 16 bytes, at
+//    dst + t·tok_stride. record_dequant (ops/record_dequant) reads them back.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -49,5 +54,27 @@ inline int64_t kv_entry_bytes(KvElt elt, int head_dim) { return 2 * int64_t(head
 
 // k, v: [n_tok, n_kv_head, head_dim] f32 (bf16 values for elt bf16)
 void entry_append_ref(const EntryAppendParams& p, const float* k, const float* v, uint8_t* dst);
+
+// The byte layout of those entries (quant_format.h's HIGGS record).
+struct HiggsRecordLayout {
+  int width = 0;             // values per record (n_kv_head · head_dim)
+  int group = 0;             // Hadamard group G (≥ 128, a power of two dividing width)
+  int n_group = 0;
+  int64_t code_bytes = 0;    // per group: G / 2 (one 8-bit EDEN2-256 code per 2 values)
+  int64_t meta_offset = 0;   // the groups' bf16 scales, after all codes
+  int64_t record_bytes = 0;
+  int64_t entry_bytes = 0;   // 2 · record_bytes rounded up to 16
+  bool random_signs = false;
+  uint64_t sign_seed = 0;
+};
+
+// "" when record_append / record_dequant handle host spec `spec` for a layer
+// of n_kv_head heads of head_dim, else why not.
+std::string higgs_record_unsupported(const std::string& spec, int n_kv_head, int head_dim);
+HiggsRecordLayout higgs_record_layout(const std::string& spec, int width);
+
+// k, v: [n_tok, width] f32; entry of token pos0 + t at dst + (pos0 + t)·tok_stride.
+void record_append_ref(const std::string& spec, int width, int64_t n_tok, int64_t pos0, int64_t tok_stride,
+                       const float* k, const float* v, uint8_t* dst);
 
 }  // namespace kvtier

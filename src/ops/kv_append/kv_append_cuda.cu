@@ -94,7 +94,91 @@ __global__ void entry_append_kernel(EntryAppendParams p, const __nv_bfloat16* __
   *reinterpret_cast<uint2*>(e + int64_t(kv) * p.head_dim + 8 * part) = *reinterpret_cast<const uint2*>(out);
 }
 
+constexpr int kRecordThreads = 256;
+
+__global__ void __launch_bounds__(kRecordThreads) record_append_kernel(HiggsRecordLayout L, int64_t pos0,
+                                                                       int64_t tok_stride,
+                                                                       const __nv_bfloat16* __restrict__ k,
+                                                                       const __nv_bfloat16* __restrict__ v,
+                                                                       int64_t kv_tok_stride,
+                                                                       const float* __restrict__ grid,
+                                                                       const float* __restrict__ signs, uint8_t* dst) {
+  extern __shared__ float u[];  // [group]
+  __shared__ float2 pts[256];
+  __shared__ double part[kRecordThreads / 32];
+  const int64_t t = blockIdx.x / 2;
+  const int which = blockIdx.x % 2;  // 0: K, 1: V
+  const int tid = threadIdx.x, G = L.group;
+  for (int i = tid; i < 256; i += blockDim.x) pts[i] = reinterpret_cast<const float2*>(grid)[i];
+  const __nv_bfloat16* src = (which ? v : k) + t * kv_tok_stride;
+  uint8_t* rec = dst + (pos0 + t) * tok_stride + which * L.record_bytes;
+  for (int g = 0; g < L.n_group; ++g) {
+    double n2 = 0;
+    for (int i = tid; i < G; i += blockDim.x) {
+      const float x = __bfloat162float(src[int64_t(g) * G + i]);
+      n2 += double(x) * double(x);
+      u[i] = signs ? x * signs[i] : x;
+    }
+    for (int m = 16; m >= 1; m >>= 1) n2 += __shfl_xor_sync(0xffffffffu, n2, m);
+    if ((tid & 31) == 0) part[tid / 32] = n2;
+    __syncthreads();
+    n2 = 0;
+    for (int w = 0; w < kRecordThreads / 32; ++w) n2 += part[w];
+    const __nv_bfloat16 sigma_h = __float2bfloat16_rn(float(sqrt(n2 / G)));
+    const float sigma = __bfloat162float(sigma_h);
+    for (int len = 1; len < G; len <<= 1) {  // Sylvester-order butterflies
+      for (int q = tid; q < G / 2; q += blockDim.x) {
+        const int i = (q / len) * 2 * len + q % len;
+        const float a = u[i], b = u[i + len];
+        u[i] = a + b;
+        u[i + len] = a - b;
+      }
+      __syncthreads();
+    }
+    const float inv = rsqrtf(float(G));
+    for (int p = tid; p < G / 2; p += blockDim.x) {
+      const double u0 = sigma > 0 ? double(u[2 * p] * inv / sigma) : 0.0;
+      const double u1 = sigma > 0 ? double(u[2 * p + 1] * inv / sigma) : 0.0;
+      int best = 0;
+      double best_d = 1e300;
+      for (int c = 0; c < 256; ++c) {
+        const double e0 = u0 - pts[c].x, e1 = u1 - pts[c].y;
+        const double d = e0 * e0 + e1 * e1;
+        if (d < best_d) {
+          best_d = d;
+          best = c;
+        }
+      }
+      rec[int64_t(g) * L.code_bytes + p] = uint8_t(best);
+    }
+    if (tid == 0) *reinterpret_cast<__nv_bfloat16*>(rec + L.meta_offset + 2 * g) = sigma_h;
+    __syncthreads();  // u and part are reused by the next group
+  }
+  if (which == 1)
+    for (int64_t i = 2 * L.record_bytes + tid; i < L.entry_bytes; i += blockDim.x)
+      dst[(pos0 + t) * tok_stride + i] = 0;
+}
+
 }  // namespace
+
+void record_append(const HiggsRecordLayout& L, int64_t n_tok, int64_t pos0, int64_t tok_stride, const void* k_bf16,
+                   const void* v_bf16, int64_t kv_tok_stride, const float* grid, const float* signs, uint8_t* dst,
+                   cudaStream_t s) {
+  KVT_CHECK(L.group >= 128 && L.group <= 8192 && L.n_group * L.group == L.width && L.entry_bytes >= 2 * L.record_bytes,
+            "record_append: layout of group {} over {} values invalid", L.group, L.width);
+  KVT_CHECK(n_tok >= 0 && pos0 >= 0 && tok_stride >= L.entry_bytes && kv_tok_stride >= L.width,
+            "record_append: n_tok {} pos0 {} tok_stride {} kv_tok_stride {} invalid", n_tok, pos0, tok_stride,
+            kv_tok_stride);
+  if (n_tok == 0) return;
+  const size_t smem = size_t(L.group) * 4;
+  auto kern = record_append_kernel;
+  if (smem > 48 * 1024)
+    KVT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  kern<<<unsigned(2 * n_tok), kRecordThreads, smem, s>>>(L, pos0, tok_stride, static_cast<const __nv_bfloat16*>(k_bf16),
+                                                        static_cast<const __nv_bfloat16*>(v_bf16), kv_tok_stride, grid,
+                                                        signs, dst);
+  KVT_CUDA_LAUNCH_CHECK("record_append_kernel");
+}
 
 void index_append(const IndexAppendParams& p, const void* k_bf16, int64_t k_tok_stride, const float* grid,
                   const float* signs, uint8_t* index, cudaStream_t s) {

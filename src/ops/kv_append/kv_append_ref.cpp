@@ -4,6 +4,7 @@
 #include "core/status.h"
 #include "ops/kv_append/kv_append.h"
 #include "ops/quant/quant_format.h"
+#include "ops/quant/quant_layout.h"
 
 namespace kvtier {
 
@@ -37,6 +38,50 @@ void entry_append_ref(const EntryAppendParams& p, const float* k, const float* v
       quantize(s, k + (t * p.n_kv_head + h) * D, 1, D, e);
       quantize(s, v + (t * p.n_kv_head + h) * D, 1, D, e + half);
     }
+}
+
+std::string higgs_record_unsupported(const std::string& spec, int n_kv_head, int head_dim) {
+  const QuantSpec s = parse_quant_spec(spec);
+  if (s.kind != QuantKind::higgs || s.grid_dim != 2 || s.grid_size != 256)
+    return "the GPU decodes HIGGS host records of the EDEN2-256 grid (higgs4) only";
+  if (head_dim != 128) return "HIGGS host records need head_dim 128 on the GPU";
+  const int width = n_kv_head * head_dim;
+  const int g = resolved_group(s, width);
+  if (g < 128 || g > 8192 || width % g != 0)
+    return "a HIGGS host group of " + std::to_string(g) + " (the GPU needs 128 ≤ G ≤ 8192 dividing the KV width)";
+  return "";
+}
+
+HiggsRecordLayout higgs_record_layout(const std::string& spec, int width) {
+  const QuantSpec s = parse_quant_spec(spec);
+  KVT_CHECK(higgs_record_unsupported(spec, width / 128, 128).empty() && width % 128 == 0,
+            "HIGGS host records: '{}' over {} values: {}", spec, width, higgs_record_unsupported(spec, width / 128, 128));
+  const quant_layout::Grouped g = quant_layout::grouped_layout(s, width);
+  HiggsRecordLayout L;
+  L.width = width;
+  L.group = g.group;
+  L.n_group = g.n_group;
+  L.code_bytes = int64_t(g.code_bytes);
+  L.meta_offset = int64_t(g.meta_offset);
+  L.record_bytes = int64_t(bytes_per_vector(s, width));
+  L.entry_bytes = (2 * L.record_bytes + 15) / 16 * 16;
+  L.random_signs = s.random_signs;
+  L.sign_seed = s.sign_seed;
+  KVT_CHECK(L.code_bytes == L.group / 2 && L.record_bytes == L.meta_offset + 2 * L.n_group,
+            "HIGGS host records: unexpected layout of '{}'", spec);
+  return L;
+}
+
+void record_append_ref(const std::string& spec, int width, int64_t n_tok, int64_t pos0, int64_t tok_stride,
+                       const float* k, const float* v, uint8_t* dst) {
+  const HiggsRecordLayout L = higgs_record_layout(spec, width);
+  const QuantSpec s = parse_quant_spec(spec);
+  for (int64_t t = 0; t < n_tok; ++t) {
+    uint8_t* e = dst + (pos0 + t) * tok_stride;
+    quantize(s, k + t * width, 1, width, e);
+    quantize(s, v + t * width, 1, width, e + L.record_bytes);
+    std::memset(e + 2 * L.record_bytes, 0, size_t(L.entry_bytes - 2 * L.record_bytes));
+  }
 }
 
 }  // namespace kvtier
