@@ -272,7 +272,8 @@ std::unique_ptr<Sequence> Engine::start(std::vector<int32_t> prompt, const Sampl
   s->sampling = sampling;
   s->sampler = std::make_unique<Sampler>(sampling);
   const int capacity = std::min<int>(impl.options.prefill_chunk, int(s->prompt.size()));
-  if (impl.gpu) s->gpu = impl.gpu->start(capacity, *s->kv);
+  const int64_t n_ctx = std::min<int64_t>(int64_t(s->prompt.size()) + sampling.max_new_tokens, impl.max_context);
+  if (impl.gpu) s->gpu = impl.gpu->start(capacity, *s->kv, n_ctx);
   else s->scratch = impl.model->make_scratch(capacity);
   s->logits.resize(size_t(n_vocab));
   s->result.n_prompt_tokens = int64_t(s->prompt.size());
@@ -301,7 +302,7 @@ std::vector<float> Engine::logits(const std::vector<int32_t>& tokens, const std:
   const int capacity = std::min<int>(chunk, int(tokens.size()));
   ForwardScratch scratch;
   std::unique_ptr<GpuSequence> gpu;
-  if (impl_->gpu) gpu = impl_->gpu->start(capacity, *kv);
+  if (impl_->gpu) gpu = impl_->gpu->start(capacity, *kv, int64_t(tokens.size()));
   else scratch = model.make_scratch(capacity);
   std::vector<float> out(tokens.size() * size_t(n_vocab));  // [n_tok, n_vocab]
   kv->set_phase(KvPhase::prefill);

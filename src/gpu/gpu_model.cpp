@@ -87,7 +87,7 @@ class CudaSequence;
 class CudaModel final : public GpuModel {
  public:
   explicit CudaModel(const Model& model);
-  std::unique_ptr<GpuSequence> start(int capacity, const KvStore& kv) override;
+  std::unique_ptr<GpuSequence> start(int capacity, const KvStore& kv, int64_t n_ctx) override;
   size_t weight_bytes() const override { return weight_bytes_; }
   std::string describe() const override {
     return fmt::format("cuda ({}), weights {:.1f} MiB bf16", cuda_device_summary(),
@@ -170,6 +170,12 @@ class CudaSequence final : public GpuSequence {
   }
   KvMemory memory(const KvStore& kv) const override;
   const GpuTieredKv* tiered() const override { return tiered_.get(); }
+  // Room for n_ctx tokens up front: `full`'s cache, or the GPU tiers.
+  void reserve(int64_t n_ctx) {
+    if (n_ctx <= 0) return;
+    if (native_) reserve_cache(n_ctx);
+    if (tiered_) tiered_->reserve(n_ctx, s_);
+  }
 
  private:
   void reserve_cache(int64_t n_ctx);
@@ -426,7 +432,7 @@ void CudaSequence::forward(const int32_t* tokens, int n_tok, int64_t pos0, KvSto
   KVT_CUDA_CHECK(cudaStreamSynchronize(s_));
 }
 
-std::unique_ptr<GpuSequence> CudaModel::start(int capacity, const KvStore& kv) {
+std::unique_ptr<GpuSequence> CudaModel::start(int capacity, const KvStore& kv, int64_t n_ctx) {
   // `full` is plain dense attention over every token: the GPU keeps that
   // cache itself. Every other store selects, quantizes or analyses on the host.
   // (A `full` store at another precision than bf16 — f32 reference runs,
@@ -437,7 +443,11 @@ std::unique_ptr<GpuSequence> CudaModel::start(int capacity, const KvStore& kv) {
   if (dynamic_cast<const FullKvStore*>(&kv)) native = parse_policy(kv.describe()).kv == "bf16";
   if (const auto* t = dynamic_cast<const TieredKvStore*>(&kv)) {
     const std::string why = gpu_tiered_unsupported(t->config(), model_.kv_geometry());
-    if (why.empty()) return std::make_unique<CudaSequence>(*this, capacity, false, &t->config());
+    if (why.empty()) {
+      auto seq = std::make_unique<CudaSequence>(*this, capacity, false, &t->config());
+      seq->reserve(n_ctx);
+      return seq;
+    }
     const std::string policy = to_string(t->config());
     if (noted_.insert(policy).second)
       fmt::print(stderr,
@@ -445,7 +455,9 @@ std::unique_ptr<GpuSequence> CudaModel::start(int capacity, const KvStore& kv) {
                  "yakv and its fp8/bf16 host variants decode natively on the GPU (head_dim 128)\n",
                  policy, why);
   }
-  return std::make_unique<CudaSequence>(*this, capacity, native, nullptr);
+  auto seq = std::make_unique<CudaSequence>(*this, capacity, native, nullptr);
+  seq->reserve(n_ctx);
+  return seq;
 }
 
 }  // namespace

@@ -62,8 +62,10 @@ class GpuModel {
  public:
   virtual ~GpuModel() = default;
   // capacity: most tokens per forward (the prefill chunk); kv: the store the
-  // sequence will pass to forward() (its policy decides where K/V live).
-  virtual std::unique_ptr<GpuSequence> start(int capacity, const KvStore& kv) = 0;
+  // sequence will pass to forward() (its policy decides where K/V live);
+  // n_ctx: the most tokens it will hold, when known (the GPU cache or the
+  // GPU tiers are then sized once instead of grown), else 0.
+  virtual std::unique_ptr<GpuSequence> start(int capacity, const KvStore& kv, int64_t n_ctx = 0) = 0;
   virtual size_t weight_bytes() const = 0;
   virtual std::string describe() const = 0;  // device and weight bytes, one line
 };

@@ -84,7 +84,7 @@ struct GpuTieredKv::Impl {
         entry(higgs ? rec.entry_bytes : kv_entry_bytes(elt, gc.head_dim)),
         tok_bytes(higgs ? rec.entry_bytes : gc.n_kv_head * entry), n_res(int64_t(pc.sink) + pc.local) {}
 
-  void grow(Layer& L, int64_t need, cudaStream_t s);
+  void grow(Layer& L, int64_t need, cudaStream_t s, bool exact = false);
   void ensure_parts(int n_part, cudaStream_t s);
 };
 
@@ -130,9 +130,9 @@ GpuTieredKv::GpuTieredKv(const PolicyConfig& p, const KvGeometry& g) {
 GpuTieredKv::~GpuTieredKv() = default;
 
 // Room for `need` tokens: a larger host tier and index, the held tokens copied over.
-void GpuTieredKv::Impl::grow(Layer& L, int64_t need, cudaStream_t s) {
+void GpuTieredKv::Impl::grow(Layer& L, int64_t need, cudaStream_t s, bool exact) {
   if (need <= L.cap) return;
-  const int64_t cap = std::max<int64_t>({need, 2 * L.cap, 1024});
+  const int64_t cap = exact ? need : std::max<int64_t>({need, 2 * L.cap, 1024});
   const int64_t row_stride = (cap * 34 + 15) / 16 * 16;
   KVT_CUDA_CHECK(cudaStreamSynchronize(s));  // in-flight kernels may still write the old tiers
   PinnedBuffer host(size_t(cap * tok_bytes));
@@ -192,6 +192,12 @@ void GpuTieredKv::append(int layer, const void* k, const void* v, int64_t kv_tok
                      L.index.data<uint8_t>(), s);
   cuda::resident_append(k, v, kv_tok_stride, I.H, I.D, pos0, n_tok, I.p.sink, I.p.local, L.resident.data(), s);
   L.n = pos0 + n_tok;
+}
+
+void GpuTieredKv::reserve(int64_t n_tok, cudaStream_t s) {
+  Impl& I = *impl_;
+  for (auto& L : I.layers)
+    I.grow(L, n_tok, s, /*exact=*/true);
 }
 
 void GpuTieredKv::start_decode(int64_t n_prompt) {

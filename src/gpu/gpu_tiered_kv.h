@@ -41,6 +41,9 @@ class GpuTieredKv {
   // stride kv_tok_stride elements. Grows the tiers when needed (then syncs s).
   void append(int layer, const void* k, const void* v, int64_t kv_tok_stride, int64_t pos0, int n_tok,
               cudaStream_t s);
+  // Room for n_tok tokens in every layer's host tier and index (growth
+  // otherwise doubles them as tokens arrive).
+  void reserve(int64_t n_tok, cudaStream_t s);
   // After a prompt of n_prompt tokens: fixes the budget (budget_tokens).
   void start_decode(int64_t n_prompt);
   bool decoding() const;

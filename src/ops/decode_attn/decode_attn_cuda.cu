@@ -268,7 +268,11 @@ void launch(const DecodeAttnParams& p, const void* q, const uint8_t* k, const ui
             float* po, float* pl, cudaStream_t s) {
   const dim3 grid(unsigned(p.n_split), unsigned(p.n_seq * p.n_kv_head));
   const int smem = kWarps * 4 * kTile * D * 2;
-  KVT_CUDA_CHECK(cudaFuncSetAttribute(decode_attn_kernel<E, G, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  static const bool configured = [smem] {  // once per instance: the decode step launches it every layer
+    KVT_CUDA_CHECK(cudaFuncSetAttribute(decode_attn_kernel<E, G, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    return true;
+  }();
+  (void)configured;
   decode_attn_kernel<E, G, D><<<grid, kThreads, smem, s>>>(p, static_cast<const __nv_bfloat16*>(q), k, v, idx, po, pl);
   KVT_CUDA_LAUNCH_CHECK("decode_attn_kernel");
 }

@@ -195,7 +195,11 @@ __global__ void __launch_bounds__(kThreads, 2) flash_prefill_kernel(FlashPrefill
 template <int kD>
 void launch(const FlashPrefillParams& p, const void* q, const void* k, const void* v, void* out, cudaStream_t s) {
   const int smem = 4 * kBK * kD * 2;  // K and V, double-buffered
-  KVT_CUDA_CHECK(cudaFuncSetAttribute(flash_prefill_kernel<kD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  static const bool configured = [smem] {
+    KVT_CUDA_CHECK(cudaFuncSetAttribute(flash_prefill_kernel<kD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    return true;
+  }();
+  (void)configured;
   const int64_t n_qt = (p.n_q + kBQ - 1) / kBQ;
   KVT_CHECK(n_qt <= 65535, "flash_prefill: {} query tokens exceed the grid limit", p.n_q);
   const dim3 grid(unsigned(p.n_head), unsigned(n_qt));

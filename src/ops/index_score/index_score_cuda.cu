@@ -186,10 +186,8 @@ __global__ void __launch_bounds__(256) dense_score_kernel(IndexScoreParams p, co
   }
 }
 
-template <class Kernel>
-int blocks_per_row(Kernel k, int threads, size_t smem, int64_t work_items, int64_t n_rows) {
-  int per_sm = 0;
-  KVT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, threads, smem));
+// per_sm: resident blocks per SM of the kernel (cudaOccupancy..., asked once per kernel).
+int blocks_per_row(int per_sm, int64_t work_items, int64_t n_rows) {
   const int64_t want = (int64_t(per_sm > 0 ? per_sm : 1) * device_info().n_sm + n_rows - 1) / n_rows;
   return int(std::max<int64_t>(1, std::min<int64_t>(want, work_items)));
 }
@@ -199,12 +197,17 @@ void launch_higgs2(const IndexScoreParams& p, const float* q, const uint8_t* ind
                    float* scores, cudaStream_t s) {
   const size_t smem = size_t(NQ) * 256 * 32 * 4;
   auto k = higgs2_score_kernel<NQ>;
-  KVT_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  static const int per_sm = [k, smem] {  // once per instance: the decode step launches it every layer
+    KVT_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    int n = 0;
+    KVT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kScoreThreads, smem));
+    return n;
+  }();
   const int64_t n_rows = int64_t(p.n_seq) * p.n_kv_head;
   // Fill the GPU, but give each block at least ~8 warp-steps (8 × 32 tokens
   // per warp) so that building the table stays a small share.
   const int64_t per_block = (kScoreThreads / 32) * 32 * 8;
-  const int bx = blocks_per_row(k, kScoreThreads, smem, (p.n_tok + per_block - 1) / per_block, n_rows);
+  const int bx = blocks_per_row(per_sm, (p.n_tok + per_block - 1) / per_block, n_rows);
   k<<<dim3(unsigned(bx), unsigned(n_rows)), kScoreThreads, smem, s>>>(p, q, index, grid, scores);
   KVT_CUDA_LAUNCH_CHECK("higgs2_score_kernel");
 }
@@ -214,7 +217,12 @@ void launch_dense(const IndexScoreParams& p, const float* q, const uint8_t* inde
   auto k = dense_score_kernel<FP8, NQ>;
   const int64_t n_rows = int64_t(p.n_seq) * p.n_kv_head;
   const int64_t per_block = (256 / 32) * (32 / (FP8 ? 8 : 16)) * 4;
-  const int bx = blocks_per_row(k, 256, 0, (p.n_tok + per_block - 1) / per_block, n_rows);
+  static const int per_sm = [k] {
+    int n = 0;
+    KVT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, 256, 0));
+    return n;
+  }();
+  const int bx = blocks_per_row(per_sm, (p.n_tok + per_block - 1) / per_block, n_rows);
   k<<<dim3(unsigned(bx), unsigned(n_rows)), 256, 0, s>>>(p, q, index, scores);
   KVT_CUDA_LAUNCH_CHECK("dense_score_kernel");
 }
