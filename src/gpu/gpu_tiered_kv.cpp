@@ -65,7 +65,7 @@ struct GpuTieredKv::Impl {
   bool higgs;
   KvElt elt;
   HiggsRecordLayout rec;
-  int64_t entry;      // bytes a slot holds (fp8/bf16: one head's K|V; higgs: the token's records)
+  int64_t entry;      // bytes a slot holds (fp8/bf16: one head's K|V; higgs: the token's records, or the head's group)
   int64_t tok_bytes;  // host bytes per token and layer
   int64_t n_res;
   bool decoding = false;
@@ -82,7 +82,7 @@ struct GpuTieredKv::Impl {
         higgs(pc.kv != "fp8" && pc.kv != "bf16"), elt(pc.kv == "fp8" ? KvElt::fp8 : KvElt::bf16),
         rec(higgs ? higgs_record_layout(pc.kv, gc.n_kv_head * gc.head_dim) : HiggsRecordLayout()),
         entry(higgs ? rec.entry_bytes : kv_entry_bytes(elt, gc.head_dim)),
-        tok_bytes(higgs ? rec.entry_bytes : gc.n_kv_head * entry), n_res(int64_t(pc.sink) + pc.local) {}
+        tok_bytes(higgs ? rec.tok_bytes : gc.n_kv_head * entry), n_res(int64_t(pc.sink) + pc.local) {}
 
   void grow(Layer& L, int64_t need, cudaStream_t s, bool exact = false);
   void ensure_parts(int n_part, cudaStream_t s);
@@ -307,7 +307,7 @@ void GpuTieredKv::attend(int layer, const void* q, float scale, void* out, cudaS
     gp.n_rows = I.H;
     gp.k = k;
     gp.entry_bytes = I.entry;
-    gp.src_row_stride = I.higgs ? 0 : I.entry;  // higgs: every head reads the token's one entry
+    gp.src_row_stride = I.higgs && !I.rec.per_head ? 0 : I.entry;  // layer-wide records: every head reads the token's entry
     gp.src_tok_stride = I.tok_bytes;
     gp.dst_row_stride = int64_t(k) * I.entry;
     int32_t* slot = L.slot_of[cur].data<int32_t>();

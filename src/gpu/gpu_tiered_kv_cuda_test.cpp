@@ -117,7 +117,7 @@ TEST_P(GpuTieredKvCuda, DecodeMatchesTheCpuStore) {
   const int64_t n = c.n_prompt + c.n_steps;
   const int64_t tok_bytes = pc.kv == "fp8" || pc.kv == "bf16"
                                 ? g.n_kv_head * kv_entry_bytes(pc.kv == "fp8" ? KvElt::fp8 : KvElt::bf16, 128)
-                                : higgs_record_layout(pc.kv, W).entry_bytes;
+                                : higgs_record_layout(pc.kv, W).tok_bytes;
   EXPECT_EQ(m.host_bytes, n * g.n_layer * tok_bytes);
   EXPECT_GT(m.gpu_bytes, n * g.n_layer * g.n_kv_head * 34);
 }
@@ -126,6 +126,7 @@ INSTANTIATE_TEST_SUITE_P(
     Policies, GpuTieredKvCuda,
     ::testing::Values(Case{"yakv,kv=fp8,gqa=mean", 3000, 1000, 12}, Case{"yakv,kv=fp8", 3000, 1000, 12},
                       Case{"yakv", 3000, 1000, 12}, Case{"yakv,kv=higgs4:rs,budget=100,sink=3,local=20", 700, 128, 14},
+                      Case{"yakv,kv=higgs4:g128", 3000, 1000, 12},
                       Case{"yakv,kv=bf16,sink=4,local=16,budget=40", 1500, 256, 10},
                       Case{"yakv,kv=bf16,gqa=mean,sink=4,local=16,budget=40", 1500, 256, 10},
                       // budget above the selectable tokens at first: k grows every step

@@ -10,16 +10,27 @@
 //  * entry_append: per (token, KV head) one host entry K|V of head_dim
 //    elements each, FP8-E4M3 (spec "fp8": RNE, saturating at ±448) or bf16,
 //    at dst + t·tok_stride + h·row_stride.
-//  * record_append: per token one host entry of HIGGS records over the
-//    layer's whole KV width (SPEC yakv's host K/V: EDEN2-256, Hadamard group =
-//    the largest power of two dividing the width, or the spec's group ≥ 128):
-//    the K record, the V record, zeros up to a multiple of 16 bytes, at
-//    dst + t·tok_stride. record_dequant (ops/record_dequant) reads them back.
+//  * record_append: HIGGS host K/V records over the layer's whole KV width
+//    (SPEC yakv's host K/V: EDEN2-256, Hadamard group = the largest power of
+//    two dividing the width, or the spec's group ≥ 128). With a group larger
+//    than a head: per token one entry, the K record, the V record, zeros up
+//    to a multiple of 16 bytes. With group 128 (one group per head) the same
+//    bytes are laid out per (token, KV head) instead, so that a head's gather
+//    reads only its own group: K codes, V codes (64 bytes each), K scale,
+//    V scale, zeros to 144 bytes. record_dequant (ops/record_dequant) reads
+//    either back.
 #pragma once
 #include <cstdint>
 #include <string>
 
 #include "ops/decode_attn/decode_attn.h"
+
+// The layout arithmetic below runs on the host and in the kernels.
+#ifdef __CUDACC__
+#define KVT_HOST_DEVICE __host__ __device__
+#else
+#define KVT_HOST_DEVICE
+#endif
 
 namespace kvtier {
 
@@ -63,9 +74,18 @@ struct HiggsRecordLayout {
   int64_t code_bytes = 0;    // per group: G / 2 (one 8-bit EDEN2-256 code per 2 values)
   int64_t meta_offset = 0;   // the groups' bf16 scales, after all codes
   int64_t record_bytes = 0;
-  int64_t entry_bytes = 0;   // 2 · record_bytes rounded up to 16
+  bool per_head = false;     // group 128: entries per (token, KV head)
+  int64_t entry_bytes = 0;   // per token (2 · record_bytes), or per head (2 · 66); rounded up to 16
+  int64_t tok_bytes = 0;     // host bytes per token: entry_bytes, or n_group · entry_bytes
   bool random_signs = false;
   uint64_t sign_seed = 0;
+  // Offsets from a token's first entry of group g's codes / scale of K (w = 0) or V (w = 1).
+  KVT_HOST_DEVICE int64_t code_offset(int g, int w) const {
+    return per_head ? g * entry_bytes + w * code_bytes : w * record_bytes + g * code_bytes;
+  }
+  KVT_HOST_DEVICE int64_t scale_offset(int g, int w) const {
+    return per_head ? g * entry_bytes + 2 * code_bytes + 2 * w : w * record_bytes + meta_offset + 2 * g;
+  }
 };
 
 // "" when record_append / record_dequant handle host spec `spec` for a layer
@@ -73,7 +93,7 @@ struct HiggsRecordLayout {
 std::string higgs_record_unsupported(const std::string& spec, int n_kv_head, int head_dim);
 HiggsRecordLayout higgs_record_layout(const std::string& spec, int width);
 
-// k, v: [n_tok, width] f32; entry of token pos0 + t at dst + (pos0 + t)·tok_stride.
+// k, v: [n_tok, width] f32; token pos0 + t's entries at dst + (pos0 + t)·tok_stride.
 void record_append_ref(const std::string& spec, int width, int64_t n_tok, int64_t pos0, int64_t tok_stride,
                        const float* k, const float* v, uint8_t* dst);
 

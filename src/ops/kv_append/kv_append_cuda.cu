@@ -1,7 +1,5 @@
-// index_append: one warp per (token, KV head); lane l owns values 4l..4l+3.
-// The orthonormal Hadamard of 128 runs as butterflies: index bits 0-1 inside
-// the lane, bits 2-6 across lanes by shuffles (Sylvester order, as the CPU's
-// hadamard_transform). The norm and the nearest-point search are in f64 like
+// index_append: one warp per (token, KV head); lane l owns values 4l..4l+3
+// and the Hadamard of 128 runs across the warp (hadamard_cuda.cuh). The norm and the nearest-point search are in f64 like
 // the CPU reference, so codes differ only at exact f32-rounding ties.
 // entry_append: one thread per 8 elements of K or V (16-byte load, 8- or
 // 16-byte store), straight to the destination (pinned host through its mapped
@@ -11,6 +9,7 @@
 
 #include "backend/cuda_backend.h"
 #include "ops/kv_append/kv_append_cuda.h"
+#include "ops/quant/hadamard_cuda.cuh"
 
 namespace kvtier::cuda {
 namespace {
@@ -37,17 +36,7 @@ __global__ void index_append_kernel(IndexAppendParams p, const __nv_bfloat16* __
     if (signs) x[i] *= signs[4 * lane + i];
   }
   for (int m = 16; m >= 1; m >>= 1) n2 += __shfl_xor_sync(0xffffffffu, n2, m);
-  // Butterflies over index bits 0 and 1 (inside the lane), then 2..6 (lanes).
-  float a = x[0] + x[1], b = x[0] - x[1], c = x[2] + x[3], d = x[2] - x[3];
-  x[0] = a + c;
-  x[1] = b + d;
-  x[2] = a - c;
-  x[3] = b - d;
-  for (int m = 1; m < 32; m <<= 1)
-    for (int i = 0; i < 4; ++i) {
-      const float o = __shfl_xor_sync(0xffffffffu, x[i], m);
-      x[i] = (lane & m) ? o - x[i] : x[i] + o;
-    }
+  warp_hadamard128(x, lane);
   const float inv_sqrt = 0.08838834764831845f;  // 1/√128
   const __nv_bfloat16 sigma_h = __float2bfloat16_rn(float(sqrt(n2 / 128.0)));
   const float sigma = __bfloat162float(sigma_h);
@@ -111,7 +100,7 @@ __global__ void __launch_bounds__(kRecordThreads) record_append_kernel(HiggsReco
   const int tid = threadIdx.x, G = L.group;
   for (int i = tid; i < 256; i += blockDim.x) pts[i] = reinterpret_cast<const float2*>(grid)[i];
   const __nv_bfloat16* src = (which ? v : k) + t * kv_tok_stride;
-  uint8_t* rec = dst + (pos0 + t) * tok_stride + which * L.record_bytes;
+  uint8_t* tok = dst + (pos0 + t) * tok_stride;
   for (int g = 0; g < L.n_group; ++g) {
     double n2 = 0;
     for (int i = tid; i < G; i += blockDim.x) {
@@ -149,14 +138,20 @@ __global__ void __launch_bounds__(kRecordThreads) record_append_kernel(HiggsReco
           best = c;
         }
       }
-      rec[int64_t(g) * L.code_bytes + p] = uint8_t(best);
+      tok[L.code_offset(g, which) + p] = uint8_t(best);
     }
-    if (tid == 0) *reinterpret_cast<__nv_bfloat16*>(rec + L.meta_offset + 2 * g) = sigma_h;
+    if (tid == 0) *reinterpret_cast<__nv_bfloat16*>(tok + L.scale_offset(g, which)) = sigma_h;
     __syncthreads();  // u and part are reused by the next group
   }
-  if (which == 1)
-    for (int64_t i = 2 * L.record_bytes + tid; i < L.entry_bytes; i += blockDim.x)
-      dst[(pos0 + t) * tok_stride + i] = 0;
+  // Zero padding: after both records, or after each head's codes and scales.
+  if (which == 1) {
+    if (L.per_head) {
+      const int64_t used = 2 * L.code_bytes + 4, pad = L.entry_bytes - used;
+      for (int64_t i = tid; i < L.n_group * pad; i += blockDim.x) tok[(i / pad) * L.entry_bytes + used + i % pad] = 0;
+    } else {
+      for (int64_t i = 2 * L.record_bytes + tid; i < L.entry_bytes; i += blockDim.x) tok[i] = 0;
+    }
+  }
 }
 
 }  // namespace
@@ -164,9 +159,9 @@ __global__ void __launch_bounds__(kRecordThreads) record_append_kernel(HiggsReco
 void record_append(const HiggsRecordLayout& L, int64_t n_tok, int64_t pos0, int64_t tok_stride, const void* k_bf16,
                    const void* v_bf16, int64_t kv_tok_stride, const float* grid, const float* signs, uint8_t* dst,
                    cudaStream_t s) {
-  KVT_CHECK(L.group >= 128 && L.group <= 8192 && L.n_group * L.group == L.width && L.entry_bytes >= 2 * L.record_bytes,
+  KVT_CHECK(L.group >= 128 && L.group <= 8192 && L.n_group * L.group == L.width && L.tok_bytes >= 2 * L.record_bytes,
             "record_append: layout of group {} over {} values invalid", L.group, L.width);
-  KVT_CHECK(n_tok >= 0 && pos0 >= 0 && tok_stride >= L.entry_bytes && kv_tok_stride >= L.width,
+  KVT_CHECK(n_tok >= 0 && pos0 >= 0 && tok_stride >= L.tok_bytes && kv_tok_stride >= L.width,
             "record_append: n_tok {} pos0 {} tok_stride {} kv_tok_stride {} invalid", n_tok, pos0, tok_stride,
             kv_tok_stride);
   if (n_tok == 0) return;

@@ -64,7 +64,9 @@ HiggsRecordLayout higgs_record_layout(const std::string& spec, int width) {
   L.code_bytes = int64_t(g.code_bytes);
   L.meta_offset = int64_t(g.meta_offset);
   L.record_bytes = int64_t(bytes_per_vector(s, width));
-  L.entry_bytes = (2 * L.record_bytes + 15) / 16 * 16;
+  L.per_head = L.group == 128;
+  L.entry_bytes = L.per_head ? (2 * (L.code_bytes + 2) + 15) / 16 * 16 : (2 * L.record_bytes + 15) / 16 * 16;
+  L.tok_bytes = L.per_head ? L.n_group * L.entry_bytes : L.entry_bytes;
   L.random_signs = s.random_signs;
   L.sign_seed = s.sign_seed;
   KVT_CHECK(L.code_bytes == L.group / 2 && L.record_bytes == L.meta_offset + 2 * L.n_group,
@@ -76,11 +78,17 @@ void record_append_ref(const std::string& spec, int width, int64_t n_tok, int64_
                        const float* k, const float* v, uint8_t* dst) {
   const HiggsRecordLayout L = higgs_record_layout(spec, width);
   const QuantSpec s = parse_quant_spec(spec);
+  std::vector<uint8_t> rec(size_t(2 * L.record_bytes));  // the CPU store's K and V records
   for (int64_t t = 0; t < n_tok; ++t) {
     uint8_t* e = dst + (pos0 + t) * tok_stride;
-    quantize(s, k + t * width, 1, width, e);
-    quantize(s, v + t * width, 1, width, e + L.record_bytes);
-    std::memset(e + 2 * L.record_bytes, 0, size_t(L.entry_bytes - 2 * L.record_bytes));
+    quantize(s, k + t * width, 1, width, rec.data());
+    quantize(s, v + t * width, 1, width, rec.data() + L.record_bytes);
+    std::memset(e, 0, size_t(L.tok_bytes));
+    for (int w = 0; w < 2; ++w)
+      for (int g = 0; g < L.n_group; ++g) {
+        std::memcpy(e + L.code_offset(g, w), rec.data() + w * L.record_bytes + g * L.code_bytes, size_t(L.code_bytes));
+        std::memcpy(e + L.scale_offset(g, w), rec.data() + w * L.record_bytes + L.meta_offset + 2 * g, 2);
+      }
   }
 }
 

@@ -1,7 +1,8 @@
-// The K and V of one KV head out of whole-token HIGGS host entries
-// (kv_append.h's record_append: K record | V record over the layer's KV
-// width), as bf16 for decode attention. Used on a slot cache (gather.h): row
-// r = KV head r of a sequence, slot s of row r holds an entry at
+// The K and V of one KV head out of HIGGS host entries (kv_append.h's
+// record_append: a token's K and V records over the layer's KV width, or,
+// with group 128, the head's own group), as bf16 for decode attention. Used
+// on a slot cache (gather.h): row r = KV head r of a sequence, slot s of row
+// r holds an entry at
 // src + r·src_row_stride + s·entry_bytes; for every slot listed in
 // idx[r·k + j] (−1: none) the head's K then V (head_dim bf16 each) go to
 // dst + r·dst_row_stride + s·4·head_dim bytes.

@@ -1,6 +1,7 @@
 #include <cuda_bf16.h>
 
 #include "backend/cuda_backend.h"
+#include "ops/quant/hadamard_cuda.cuh"
 #include "ops/record_dequant/record_dequant_cuda.h"
 
 namespace kvtier::cuda {
@@ -23,15 +24,16 @@ __global__ void __launch_bounds__(32 * kWarps) record_dequant_kernel(HiggsRecord
   const int32_t slot = idx[w];
   if (slot < 0) return;
   const int h = r % p.n_kv_head;
-  const int g = h * 128 / L.group;                // the head's Hadamard group
-  const int a = (h * 128 - g * L.group) / 128;    // and its 128-block inside it
+  // The head's Hadamard group and its 128-block inside it; a per-head entry
+  // holds the head's group alone (group 0 of the entry).
+  const int g = L.per_head ? 0 : h * 128 / L.group;
+  const int a = L.per_head ? 0 : (h * 128 - g * L.group) / 128;
   const int n_blk = L.group / 128;
   const uint8_t* e = src + r * p.src_row_stride + int64_t(slot) * L.entry_bytes;
   __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(dst + r * p.dst_row_stride + int64_t(slot) * 4 * 128);
   const float inv = rsqrtf(float(L.group));
   for (int kv = 0; kv < 2; ++kv) {
-    const uint8_t* rec = e + kv * L.record_bytes;
-    const uint8_t* codes = rec + int64_t(g) * L.code_bytes;
+    const uint8_t* codes = e + L.code_offset(g, kv);
     float z[4] = {0.f, 0.f, 0.f, 0.f};
     for (int b = 0; b < n_blk; ++b) {
       const float sg = (__popc(a & b) & 1) ? -1.f : 1.f;
@@ -42,23 +44,10 @@ __global__ void __launch_bounds__(32 * kWarps) record_dequant_kernel(HiggsRecord
       z[2] += sg * p1.x;
       z[3] += sg * p1.y;
     }
-    const float sigma = __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(rec + L.meta_offset + 2 * g));
-    // H_128 over the warp: index bits 0-1 in the lane, bits 2-6 across lanes.
-    float x[4];
-    {
-      const float p = z[0] + z[1], q = z[0] - z[1], r2 = z[2] + z[3], s2 = z[2] - z[3];
-      x[0] = p + r2;
-      x[1] = q + s2;
-      x[2] = p - r2;
-      x[3] = q - s2;
-    }
-    for (int m = 1; m < 32; m <<= 1)
-      for (int i = 0; i < 4; ++i) {
-        const float o = __shfl_xor_sync(0xffffffffu, x[i], m);
-        x[i] = (lane & m) ? o - x[i] : x[i] + o;
-      }
+    const float sigma = __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(e + L.scale_offset(g, kv)));
+    warp_hadamard128(z, lane);
     for (int i = 0; i < 4; ++i) {
-      float val = x[i] * sigma * inv;
+      float val = z[i] * sigma * inv;
       if (signs) val *= signs[a * 128 + 4 * lane + i];
       out[kv * 128 + 4 * lane + i] = __float2bfloat16_rn(val);
     }

@@ -50,7 +50,7 @@ TEST_P(RecordCuda, AppendMatchesTheCpuQuantizer) {
   ASSERT_EQ(higgs_record_unsupported(c.spec, c.n_kv_head, 128), "");
   const HiggsRecordLayout L = higgs_record_layout(c.spec, width);
   std::mt19937 rng(17);
-  const int64_t n_tok = 40, pos0 = 3, cap = 45, stride = L.entry_bytes + 16;
+  const int64_t n_tok = 40, pos0 = 3, cap = 45, stride = L.tok_bytes + 16;
   const auto k = random_rows(size_t(n_tok), width, rng), v = random_rows(size_t(n_tok), width, rng);
   const auto kf = bf16_to_f32_vec(k), vf = bf16_to_f32_vec(v);
   std::vector<uint8_t> ref(size_t(cap * stride), 0x77);
@@ -65,11 +65,14 @@ TEST_P(RecordCuda, AppendMatchesTheCpuQuantizer) {
   for (size_t i = 0; i < ref.size(); ++i) {
     if (got[i] == ref[i]) continue;
     const int64_t t = int64_t(i) / stride, off = int64_t(i) % stride;
-    const int64_t in_rec = off % L.record_bytes;
-    const bool code = t >= pos0 && t < pos0 + n_tok && off < 2 * L.record_bytes && in_rec < L.meta_offset;
+    bool code = false;
+    for (int g = 0; g < L.n_group; ++g)
+      for (int w = 0; w < 2; ++w)
+        code |= off >= L.code_offset(g, w) && off < L.code_offset(g, w) + L.code_bytes;
+    code &= t >= pos0 && t < pos0 + n_tok;
     (code ? code_diff : other_diff) += 1;
   }
-  const int64_t n_codes = n_tok * 2 * (L.meta_offset);
+  const int64_t n_codes = n_tok * 2 * L.meta_offset;
   std::printf("[record_append] %s over %d: %lld of %lld codes differ (ties)\n", c.spec.c_str(), width,
               (long long)code_diff, (long long)n_codes);
   EXPECT_EQ(other_diff, 0) << "scales, padding or bytes outside the new entries differ";
@@ -85,10 +88,15 @@ TEST_P(RecordCuda, DequantOfAHeadMatchesTheCpuDequantizer) {
   // A slot cache of H rows × k entries (CPU records), slots listed in a shuffled order, some not at all.
   const auto kv = random_rows(size_t(H * k * 2), width, rng);
   const auto kvf = bf16_to_f32_vec(kv);
-  std::vector<uint8_t> src(size_t(H * k) * L.entry_bytes);
-  for (int i = 0; i < H * k; ++i)
-    record_append_ref(c.spec, width, 1, i, L.entry_bytes, kvf.data() + size_t(2 * i) * width,
-                      kvf.data() + size_t(2 * i + 1) * width, src.data());
+  // Slot j of row r: token r·k + j's entry as the row's head gathers it.
+  std::vector<uint8_t> src(size_t(H * k) * L.entry_bytes), tok(size_t(L.tok_bytes));
+  for (int i = 0; i < H * k; ++i) {
+    record_append_ref(c.spec, width, 1, 0, L.tok_bytes, kvf.data() + size_t(2 * i) * width,
+                      kvf.data() + size_t(2 * i + 1) * width, tok.data());
+    const int h = i / k;
+    std::memcpy(src.data() + size_t(i) * L.entry_bytes, tok.data() + (L.per_head ? h * L.entry_bytes : 0),
+                size_t(L.entry_bytes));
+  }
   std::vector<int32_t> idx(size_t(H * k));
   for (int r = 0; r < H; ++r)
     for (int j = 0; j < k; ++j) idx[size_t(r * k + j)] = (j * 4 + r) % k;
@@ -125,7 +133,8 @@ TEST_P(RecordCuda, DequantOfAHeadMatchesTheCpuDequantizer) {
 
 INSTANTIATE_TEST_SUITE_P(Specs, RecordCuda,
                          ::testing::Values(Case{"higgs4", 2}, Case{"higgs4", 8}, Case{"higgs4:g128", 3},
-                                           Case{"higgs4:rs", 4}, Case{"higgs4:g256", 4}),
+                                           Case{"higgs4:rs", 4}, Case{"higgs4:g256", 4}, Case{"higgs4:g128:rs", 8},
+                                           Case{"higgs4", 1}),
                          [](const auto& info) { return "case" + std::to_string(info.index); });
 
 TEST(RecordCuda, UnsupportedSpecsSayWhy) {
@@ -133,6 +142,14 @@ TEST(RecordCuda, UnsupportedSpecsSayWhy) {
   EXPECT_NE(higgs_record_unsupported("higgs4", 2, 64), "");
   EXPECT_NE(higgs_record_unsupported("higgs4:g64", 2, 128), "");
   EXPECT_EQ(higgs_record_unsupported("higgs4", 3, 128), "");  // group 128: the largest power of two dividing 384
+  // Group 128 is laid out per head: 64 + 64 code bytes, two scales, 144 bytes.
+  const HiggsRecordLayout per_head = higgs_record_layout("higgs4:g128", 1024);
+  EXPECT_TRUE(per_head.per_head);
+  EXPECT_EQ(per_head.entry_bytes, 144);
+  EXPECT_EQ(per_head.tok_bytes, 8 * 144);
+  const HiggsRecordLayout wide = higgs_record_layout("higgs4", 1024);
+  EXPECT_FALSE(wide.per_head);
+  EXPECT_EQ(wide.entry_bytes, 1040);
 }
 
 }  // namespace

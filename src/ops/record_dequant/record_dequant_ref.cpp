@@ -21,7 +21,16 @@ void record_dequant_ref(const std::string& spec, const HiggsRecordLayout& L, con
       uint16_t* out = reinterpret_cast<uint16_t*>(dst + r * p.dst_row_stride + int64_t(slot) * 4 * 128);
       const int h = r % p.n_kv_head;
       for (int kv = 0; kv < 2; ++kv) {
-        dequantize(s, e + kv * L.record_bytes, 1, L.width, x.data());
+        // Back to the CPU store's record: every group from a per-head entry
+        // (only the head's group is there: the others decode as zeros).
+        std::vector<uint8_t> rec(size_t(L.record_bytes), 0);
+        for (int g = 0; g < L.n_group; ++g) {
+          if (L.per_head && g != h) continue;
+          const int eg = L.per_head ? 0 : g;
+          std::memcpy(rec.data() + g * L.code_bytes, e + L.code_offset(eg, kv), size_t(L.code_bytes));
+          std::memcpy(rec.data() + L.meta_offset + 2 * g, e + L.scale_offset(eg, kv), 2);
+        }
+        dequantize(s, rec.data(), 1, L.width, x.data());
         for (int d = 0; d < 128; ++d) out[kv * 128 + d] = f32_to_bf16(x[size_t(h * 128 + d)]);
       }
     }
