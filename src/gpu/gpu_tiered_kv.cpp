@@ -46,11 +46,11 @@ struct GpuTieredKv::Impl {
   struct Layer {
     int64_t n = 0;             // tokens held
     int64_t cap = 0;           // tokens the host tier and the index have room for
-    PinnedBuffer host;         // [cap, tok_bytes]: fp8/bf16 [n_kv_head, entry] K|V; higgs one entry of records
+    PinnedBuffer host;         // [cap, tok_bytes]: [n_kv_head, entry] (fp8/bf16, higgs group 128) or one entry (higgs)
     DeviceBuffer index;        // [n_kv_head rows, row_stride]: codes plane [cap, 32], scales plane [cap] bf16
     int64_t row_stride = 0;
     DeviceBuffer resident;     // [n_kv_head, n_res, 2, head_dim] bf16
-    DeviceBuffer slots;        // [n_kv_head, k, entry]: the slot cache (higgs: whole-token records)
+    DeviceBuffer slots;        // [n_kv_head, k, entry]: the slot cache
     DeviceBuffer sel[2], slot_of[2];  // [n_kv_head, k] int32: a step's selection and its slots, and the last step's
     int parity = 0;
     int k_prev = -1;           // k of the last step (-1: none); a new k starts the cache afresh
@@ -59,9 +59,10 @@ struct GpuTieredKv::Impl {
   PolicyConfig p;
   KvGeometry g;
   int H, D, QH;
-  // Host K/V: fp8 / bf16 entries per (token, KV head), or HIGGS records over
-  // the layer width per token (one entry serves every head; the slot cache
-  // holds the records and record_dequant rebuilds the head's K|V in deq).
+  // Host K/V: fp8 / bf16 entries per (token, KV head), or HIGGS records
+  // (kv_append.h: per token over the layer width — one entry serves every
+  // head — or, with group 128, per head); the slot cache then holds the
+  // records and record_dequant rebuilds the head's K|V in deq.
   bool higgs;
   KvElt elt;
   HiggsRecordLayout rec;
