@@ -144,16 +144,16 @@ void run_analyze(AnalyzeArgs& a) {
   out["geometry"] = {{"n_layer", g.n_layer}, {"n_head", g.n_head}, {"n_kv_head", g.n_kv_head},
                      {"head_dim", g.head_dim}};
   out["full_text"] = seq->result().text;
-  fmt::print("\n{:<46} {:>10} {:>10} {:>8} {:>8} {:>9} {:>8} {:>7} {:>7}\n", "policy", "GPU B/tok",
-             "host B/tok", "budget", "tok rec", "mass rec", "out err", "reuse", "greedy");
+  fmt::print("\n{:<46} {:>10} {:>10} {:>8} {:>8} {:>9} {:>8} {:>7} {:>8} {:>7}\n", "policy", "GPU B/tok",
+             "host B/tok", "budget", "tok rec", "mass rec", "out err", "reuse", "distinct", "greedy");
   for (size_t i = 0; i < a.kv.size(); ++i) {
     const PolicyAnalysis& pa = an->results()[i];
     const TieredKvStore& st = *an->stores()[i];
     const KvFootprint f = kv_footprint(st.config(), g, int64_t(prompt.size()));
     const HeadMetrics t = pa.total();
-    fmt::print("{:<46} {:>10.1f} {:>10.1f} {:>8} {:>8.4f} {:>9.4f} {:>8.4f} {:>7.3f} {:>7}\n", a.kv[i],
+    fmt::print("{:<46} {:>10.1f} {:>10.1f} {:>8} {:>8.4f} {:>9.4f} {:>8.4f} {:>7.3f} {:>8.3f} {:>7}\n", a.kv[i],
                f.gpu_bytes_per_token, f.host_bytes_per_token, st.budget(), t.mean_token_recall(),
-               t.mean_mass_recall(), t.mean_rel_error(), st.stats().reuse_rate(),
+               t.mean_mass_recall(), t.mean_rel_error(), st.stats().reuse_rate(), st.stats().distinct_rate(),
                match[i] < 0 ? "-" : fmt::format("{:.3f}", match[i]));
     nlohmann::json pj;
     pj["policy"] = pa.policy;
@@ -168,6 +168,8 @@ void run_analyze(AnalyzeArgs& a) {
     // Share of host (kv head, token) rows the previous decode query of the
     // layer also fetched: the hit rate of the GPU path's reuse buffer.
     pj["reuse_rate"] = st.stats().reuse_rate();
+    // Distinct tokens per (kv head, token) host row: the share a per-token fetch would read.
+    pj["distinct_rate"] = st.stats().distinct_rate();
     if (match[i] >= 0) {
       pj["greedy_match"] = match[i];
       pj["greedy_common_prefix"] = prefix[i];

@@ -272,7 +272,11 @@ std::unique_ptr<Sequence> Engine::start(std::vector<int32_t> prompt, const Sampl
   s->sampling = sampling;
   s->sampler = std::make_unique<Sampler>(sampling);
   const int capacity = std::min<int>(impl.options.prefill_chunk, int(s->prompt.size()));
-  const int64_t n_ctx = std::min<int64_t>(int64_t(s->prompt.size()) + sampling.max_new_tokens, impl.max_context);
+  // The GPU sizes its caches for the prompt and a first stretch of generation
+  // (growing later if needed): a request's max_new_tokens is often far more
+  // than it generates, and concurrent sequences share the GPU.
+  const int64_t n_ctx = std::min<int64_t>(int64_t(s->prompt.size()) + std::min(sampling.max_new_tokens, 4096),
+                                          impl.max_context);
   if (impl.gpu) s->gpu = impl.gpu->start(capacity, *s->kv, n_ctx);
   else s->scratch = impl.model->make_scratch(capacity);
   s->logits.resize(size_t(n_vocab));

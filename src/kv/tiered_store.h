@@ -31,6 +31,10 @@ struct TieredStats {
   int64_t n_host_head_rows = 0;
   int64_t n_host_reused = 0;
   double reuse_rate() const { return n_host_head_rows ? double(n_host_reused) / double(n_host_head_rows) : 0.0; }
+  // Distinct tokens among a query's host (kv head, token) rows: 1 when the
+  // heads select disjoint tokens, 1/n_kv_head when they all select the same
+  // ones. What a fetch per token (not per head and token) would read.
+  double distinct_rate() const { return n_host_head_rows ? double(n_host_rows) / double(n_host_head_rows) : 0.0; }
 };
 
 class TieredKvStore : public KvStore {

@@ -300,6 +300,22 @@ TEST(TieredStore, ReuseCountsTheHostRowsThePreviousQueryFetched) {
   EXPECT_LT(d.n_host_reused - c.n_host_reused, d.n_host_head_rows - c.n_host_head_rows);
 }
 
+TEST(TieredStore, DistinctRateCountsTokensSharedByTheHeads) {
+  const KvGeometry g = small_geometry();
+  Synthetic s(g, 300, 9);
+  // Every head selects every token: each token is read by all heads.
+  PolicyConfig all = parse_policy("yakv,local=4");
+  all.budget = 100000;
+  TieredKvStore everything(all, g);
+  run(everything, s, 4);
+  EXPECT_DOUBLE_EQ(everything.stats().distinct_rate(), 1.0 / g.n_kv_head);
+  // A small budget: the heads pick partly different tokens.
+  TieredKvStore few(parse_policy("yakv,local=4,budget=8"), g);
+  run(few, s, 40);
+  EXPECT_GT(few.stats().distinct_rate(), 1.0 / g.n_kv_head);
+  EXPECT_LE(few.stats().distinct_rate(), 1.0);
+}
+
 TEST(TieredStore, MemoryMatchesFootprint) {
   const KvGeometry g = small_geometry();
   Synthetic s(g, 256, 6);
