@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "command.h"
+#include "kv/policy.h"
 #include "options.h"
 
 namespace kvtier::tools {
@@ -30,18 +31,20 @@ double median(std::vector<double> v) {
 void perf(const PerfArgs& a) {
   KVT_CHECK(!a.n_prompt.empty() && a.n_gen > 1 && a.reps > 0, "perf: need --prompt-tokens, --gen > 1 and --reps > 0");
   for (int n : a.n_prompt) KVT_CHECK(n > 0, "perf: prompt length {} must be positive", n);
+  for (const std::string& kv : a.kv) parse_policy(kv);  // every policy checked before any timing
   // One engine (weights loaded once) for every policy and prompt length.
   auto engine = Engine::load(a.engine);
   const int n_vocab = engine->config().n_vocab;
+  // Ids cycled over the vocabulary's middle (ordinary word pieces, as
+  // llama-bench uses random ids), inside the vocabulary of any size.
+  const int lo = std::min(1000, n_vocab / 4), span = std::max(1, n_vocab - 2 * lo);
   if (!a.json)
     fmt::print("| model | kv | prompt | gen | prefill tok/s | decode tok/s | GPU KV MiB | host KV MiB |\n"
                "|---|---|---|---|---|---|---|---|\n");
   for (int n_prompt : a.n_prompt)
     for (const std::string& kv : a.kv) {
-      // A deterministic prompt of exactly n_prompt tokens: ids cycled over the
-      // vocabulary's middle (ordinary word pieces), as llama-bench uses random ids.
-      std::vector<int32_t> prompt(static_cast<size_t>(n_prompt));
-      for (int i = 0; i < n_prompt; ++i) prompt[size_t(i)] = 1000 + (i * 7919) % std::max(1, n_vocab - 2000);
+      std::vector<int32_t> prompt(static_cast<size_t>(n_prompt));  // [n_prompt], deterministic
+      for (int i = 0; i < n_prompt; ++i) prompt[size_t(i)] = lo + int32_t((int64_t(i) * 7919) % span);
       SamplingParams s;
       s.max_new_tokens = a.n_gen;
       s.ignore_eos = true;
