@@ -19,6 +19,7 @@
 #include "gpu/gpu_model_kernels.h"
 #include "gpu/gpu_tiered_kv.h"
 #include "kv/policy.h"
+#include "kv/full_kv.h"
 #include "kv/tiered_store.h"
 #include "model/model.h"
 #include "ops/decode_attn/decode_attn_cuda.h"

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kv/kv_store.h"
+#include "kv/full_kv.h"
 #include "kv/tiered_store.h"
 
 namespace kvtier {

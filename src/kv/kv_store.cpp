@@ -2,6 +2,7 @@
 
 #include "kv/analysis.h"
 #include "kv/policy.h"
+#include "kv/full_kv.h"
 #include "kv/tiered_store.h"
 
 namespace kvtier {

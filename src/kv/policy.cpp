@@ -15,7 +15,8 @@ namespace {
 
 const char* kPresets = "full, shadowkv, yakv, oracle, landmarks";
 const char* kKeys =
-    "index, chunk, lm, meta, res, m, rank, kv, keys_prerope, budget, sink, local, outliers, gqa";
+    "index, chunk, lm, meta, res, m, rank, kv, keys_prerope, budget, min_budget, sink, local, outliers, "
+    "gqa";
 
 PolicyConfig preset(const std::string& name) {
   PolicyConfig p;
@@ -197,6 +198,8 @@ PolicyConfig parse_policy(const std::string& text) {
                 "fraction of the prompt in (0, 1))",
                 v);
       p.budget = x;
+    } else if (key == "min_budget") {
+      p.min_budget = parse_int(key, v, 0, 1 << 30);
     } else if (key == "sink") {
       p.sink = parse_int(key, v, 0, 1 << 30);
     } else if (key == "local") {
@@ -218,7 +221,7 @@ PolicyConfig parse_policy(const std::string& text) {
               index_name(p.index), why);
   };
   bool dense = p.index == IndexKind::none;
-  for (const char* k : {"budget", "sink", "local", "gqa", "chunk", "lm", "keys_prerope"})
+  for (const char* k : {"budget", "min_budget", "sink", "local", "gqa", "chunk", "lm", "keys_prerope"})
     forbid(dense, k, "dense attention selects nothing");
   forbid(p.index != IndexKind::shadowkv, "rank", "only the shadowkv index has an SVD");
   forbid(p.index != IndexKind::shadowkv, "outliers", "outlier chunks belong to the shadowkv index");
@@ -264,14 +267,16 @@ std::string to_string(const PolicyConfig& p) {
     s += fmt::format(",keys_prerope={},budget={},sink={},local={},gqa={}", p.keys_prerope ? 1 : 0,
                      fmt_double(p.budget), p.sink, p.local,
                      p.gqa == GqaMode::shadowkv ? "shadowkv" : "mean");
+    if (p.min_budget > 0) s += fmt::format(",min_budget={}", p.min_budget);
   }
   return s;
 }
 
 int64_t budget_tokens(const PolicyConfig& p, int64_t n_prompt) {
   if (p.budget <= 0) return 0;
-  if (p.budget >= 1) return int64_t(p.budget);
-  return std::max<int64_t>(1, int64_t(std::llround(p.budget * double(n_prompt))));
+  const int64_t b = p.budget >= 1 ? int64_t(p.budget)
+                                  : std::max<int64_t>(1, int64_t(std::llround(p.budget * double(n_prompt))));
+  return std::max<int64_t>(b, p.min_budget);
 }
 
 int resolved_rank(const PolicyConfig& p, int kv_width) {

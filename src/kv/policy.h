@@ -16,6 +16,7 @@
 //   kv      : host K/V precision (quant spec; f32 for exact CPU reference runs)
 //   keys_prerope : 0|1, host keys stored before RoPE (RoPE applied at gather)
 //   budget  : sparse budget, tokens if ≥ 1, else a fraction of the prompt
+//   min_budget : floor of the budget in tokens (budget = max(fraction·n_prompt, min_budget))
 //   sink, local, outliers : always-attended prefix tokens, recent tokens, outlier chunks
 //   gqa     : shadowkv (softmax per query head over chunks, max over the group) | mean
 #pragma once
@@ -43,6 +44,7 @@ struct PolicyConfig {
   std::string kv = "bf16";  // host K/V quant spec
   bool keys_prerope = false;
   double budget = 0;  // ≥ 1 tokens, (0, 1) fraction of the prompt
+  int min_budget = 0;  // floor in tokens of the resolved budget (0: none)
   int sink = 0;
   int local = 0;
   int outliers = 0;  // outlier chunks (shadowkv)
@@ -54,7 +56,8 @@ PolicyConfig parse_policy(const std::string& text);
 // The fully resolved policy in the grammar above (parse_policy round-trips it).
 std::string to_string(const PolicyConfig& p);
 
-// Sparse budget in tokens for a prompt of n_prompt tokens (≥ 1 when budget > 0).
+// Sparse budget in tokens for a prompt of n_prompt tokens (≥ 1 when budget > 0),
+// at least min_budget.
 int64_t budget_tokens(const PolicyConfig& p, int64_t n_prompt);
 // ShadowKV rank for a layer KV width of kv_width = n_kv_head * head_dim.
 int resolved_rank(const PolicyConfig& p, int kv_width);

@@ -84,11 +84,20 @@ TEST(Policy, Overrides) {
   EXPECT_EQ(parse_policy("yakv,index=exact").chunk, 1);
 }
 
+TEST(Policy, BudgetFloorInTokens) {
+  const PolicyConfig p = parse_policy("yakv,min_budget=1024");
+  EXPECT_EQ(budget_tokens(p, 8192), 1024);      // 1/32 of 8K = 256 < 1024
+  EXPECT_EQ(budget_tokens(p, 131072), 4096);    // the fraction wins at 128K
+  EXPECT_EQ(budget_tokens(parse_policy("oracle,budget=100,min_budget=300"), 50000), 300);
+  EXPECT_NE(error_of("yakv,min_budget=-1").find("min_budget"), std::string::npos);
+  EXPECT_NE(error_of("full,min_budget=10").find("min_budget"), std::string::npos);
+}
+
 TEST(Policy, RoundTripsThroughToString) {
   for (const char* s :
        {"full", "full,kv=f32", "shadowkv", "shadowkv,rank=160", "yakv", "oracle",
         "landmarks,chunk=4,lm=int4:g32", "yakv,lm=residual,meta=higgs4,res=1bit,m=4",
-        "yakv,gqa=mean,sink=4,keys_prerope=1", "oracle,budget=512"}) {
+        "yakv,gqa=mean,sink=4,keys_prerope=1", "oracle,budget=512", "yakv,min_budget=1024"}) {
     PolicyConfig p = parse_policy(s);
     std::string t = to_string(p);
     EXPECT_EQ(to_string(parse_policy(t)), t) << s;
