@@ -110,7 +110,7 @@ void run_analyze(AnalyzeArgs& a) {
   auto seq = engine->start(prompt, greedy, spec);
   seq->run([](const std::string&) { return true; });
   const std::vector<int32_t> full_tokens = seq->result().tokens;
-  auto* an = dynamic_cast<AnalysisKvStore*>(&seq->kv());
+  auto* an = dynamic_cast<AnalysisKv*>(&seq->cache());
   KVT_CHECK(an != nullptr, "analyze: the engine did not build the analysis store");
   fmt::print(stderr, "[analyze] analysis pass {:.1f} s ({} decode queries per layer)\n",
              seconds(t0), an->n_decode_queries());
@@ -148,12 +148,12 @@ void run_analyze(AnalyzeArgs& a) {
              "host B/tok", "budget", "tok rec", "mass rec", "out err", "reuse", "distinct", "greedy");
   for (size_t i = 0; i < a.kv.size(); ++i) {
     const PolicyAnalysis& pa = an->results()[i];
-    const TieredKvStore& st = *an->stores()[i];
-    const KvFootprint f = kv_footprint(st.config(), g, int64_t(prompt.size()));
+    const KvFootprint f = plan_footprint(an->policy_plan(i), int64_t(prompt.size()));
+    const double reuse = an->policy_stats(i).hit_rate(), distinct = an->distinct_rate(i);
     const HeadMetrics t = pa.total();
     fmt::print("{:<46} {:>10.1f} {:>10.1f} {:>8} {:>8.4f} {:>9.4f} {:>8.4f} {:>7.3f} {:>8.3f} {:>7}\n", a.kv[i],
-               f.gpu_bytes_per_token, f.host_bytes_per_token, st.budget(), t.mean_token_recall(),
-               t.mean_mass_recall(), t.mean_rel_error(), st.stats().reuse_rate(), st.stats().distinct_rate(),
+               f.gpu_bytes_per_token, f.host_bytes_per_token, an->budget_tokens(i), t.mean_token_recall(),
+               t.mean_mass_recall(), t.mean_rel_error(), reuse, distinct,
                match[i] < 0 ? "-" : fmt::format("{:.3f}", match[i]));
     nlohmann::json pj;
     pj["policy"] = pa.policy;
@@ -161,15 +161,15 @@ void run_analyze(AnalyzeArgs& a) {
     pj["gpu_bytes_per_token"] = f.gpu_bytes_per_token;
     pj["host_bytes_per_token"] = f.host_bytes_per_token;
     pj["gpu_bytes"] = f.gpu_bytes;
-    pj["budget_tokens"] = st.budget();
+    pj["budget_tokens"] = an->budget_tokens(i);
     pj["token_recall"] = t.mean_token_recall();
     pj["mass_recall"] = t.mean_mass_recall();
     pj["rel_error"] = t.mean_rel_error();
     // Share of host (kv head, token) rows the previous decode query of the
     // layer also fetched: the hit rate of the GPU path's reuse buffer.
-    pj["reuse_rate"] = st.stats().reuse_rate();
+    pj["reuse_rate"] = reuse;
     // Distinct tokens per (kv head, token) host row: the share a per-token fetch would read.
-    pj["distinct_rate"] = st.stats().distinct_rate();
+    pj["distinct_rate"] = distinct;
     if (match[i] >= 0) {
       pj["greedy_match"] = match[i];
       pj["greedy_common_prefix"] = prefix[i];

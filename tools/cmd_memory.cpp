@@ -2,10 +2,9 @@
 // config only, no weights read) or a built-in shape, per token and for a context.
 #include <fmt/format.h>
 
-#include <map>
-
 #include "command.h"
 #include "kv/policy.h"
+#include "loader/model_shapes.h"
 #include "loader/model_source.h"
 #include "options.h"
 
@@ -18,16 +17,6 @@ struct MemoryArgs {
   std::vector<std::string> kv = {"full", "shadowkv", "yakv", "oracle"};
   int64_t ctx = 131072;
 };
-
-// Attention shapes of models the paper measures (Hugging Face configs).
-const std::map<std::string, KvGeometry>& shapes() {
-  static const std::map<std::string, KvGeometry> m = {
-      {"llama3.1-8b", {32, 32, 8, 128}},   {"llama3.2-3b", {28, 24, 8, 128}},
-      {"qwen3-4b", {36, 32, 8, 128}},      {"qwen3-30b-a3b", {48, 32, 4, 128}},
-      {"smollm2-135m", {30, 9, 3, 64}},
-  };
-  return m;
-}
 
 std::string human(double b) {
   const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -44,13 +33,8 @@ void run_memory(const MemoryArgs& a) {
   KvGeometry g;
   std::string what;
   if (!a.shape.empty()) {
-    auto it = shapes().find(a.shape);
-    if (it == shapes().end()) {
-      std::string names;
-      for (const auto& [k, v] : shapes()) names += (names.empty() ? "" : ", ") + k;
-      fail("unknown --shape '{}' (known: {})", a.shape, names);
-    }
-    g = it->second;
+    const ModelConfig c = model_shape(a.shape);
+    g = KvGeometry{c.n_layer, c.n_head, c.n_kv_head, c.head_dim};
     what = a.shape;
   } else {
     ModelSource src = open_model_source(a.model);
@@ -79,7 +63,7 @@ Registration reg(60, [](CLI::App& app) {
                                            "for a context");
   cmd->add_option("-m,--model", a->model, "model (.gguf or Hugging Face directory; config only)");
   cmd->add_option("--shape", a->shape,
-                  "built-in shape: llama3.1-8b, llama3.2-3b, qwen3-4b, qwen3-30b-a3b, smollm2-135m");
+                  "built-in shape: llama3.1-8b, llama3.1-70b, llama3.2-3b, qwen3-4b, smollm2-135m");
   add_kv_list_option(*cmd, a->kv);
   cmd->add_option("-c,--ctx", a->ctx, "context length in tokens")->capture_default_str();
   cmd->callback([a] { run_memory(*a); });

@@ -39,8 +39,8 @@ void perf(const PerfArgs& a) {
   // llama-bench uses random ids), inside the vocabulary of any size.
   const int lo = std::min(1000, n_vocab / 4), span = std::max(1, n_vocab - 2 * lo);
   if (!a.json)
-    fmt::print("| model | kv | prompt | gen | prefill tok/s | decode tok/s | GPU KV MiB | host KV MiB |\n"
-               "|---|---|---|---|---|---|---|---|\n");
+    fmt::print("| model | kv | prompt | gen | prefill tok/s | decode tok/s | ms/token | GPU KV MiB | host KV MiB | "
+               "hit % | host MB/step |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (int n_prompt : a.n_prompt)
     for (const std::string& kv : a.kv) {
       std::vector<int32_t> prompt(static_cast<size_t>(n_prompt));  // [n_prompt], deterministic
@@ -50,14 +50,26 @@ void perf(const PerfArgs& a) {
       s.ignore_eos = true;
       std::vector<double> pp, tg;
       KvMemory mem;
+      KvStats st;
+      engine->stage_times_ms(true);  // this run's stages only
       for (int r = 0; r < a.reps; ++r) {
         auto res = engine->generate(prompt, s, kv);
         pp.push_back(double(n_prompt) / res.prefill_seconds);
         // n_gen tokens: the first from the prefill logits, n_gen - 1 decode forwards.
         tg.push_back(double(res.tokens.size() - 1) / res.decode_seconds);
         mem = res.kv_memory;
+        st = res.kv_stats;
       }
+      const int64_t steps = int64_t(a.n_gen - 1);  // decode forwards of the last repetition
+      const double host_mb_step = steps > 0 ? double(st.bytes_fetched) / double(steps) / 1e6 : 0;
       const double pp_tps = median(pp), tg_tps = median(tg);
+      nlohmann::json stages = nlohmann::json::object();  // ms per decode step, by stage
+      std::string stage_line;
+      for (const auto& [name, ms] : engine->stage_times_ms()) {
+        const double per = ms / double(int64_t(a.reps) * steps);
+        stages[name] = per;
+        stage_line += fmt::format("{}{} {:.3f}", stage_line.empty() ? "" : " · ", name, per);
+      }
       if (a.json) {
         nlohmann::json j{{"engine", "kvtier"},      {"model", a.engine.model_path},
                          {"device", a.engine.device}, {"threads", a.engine.n_threads},
@@ -65,11 +77,18 @@ void perf(const PerfArgs& a) {
                          {"n_gen", a.n_gen},        {"prefill_tok_s", pp_tps},
                          {"decode_tok_s", tg_tps},  {"prefill_runs", pp},
                          {"decode_runs", tg},       {"gpu_kv_bytes", mem.gpu_bytes},
-                         {"host_kv_bytes", mem.host_bytes}};
+                         {"host_kv_bytes", mem.host_bytes}, {"ms_per_token", 1000.0 / tg_tps},
+                         {"selected_rows", st.n_selected}, {"fetched_rows", st.n_fetched},
+                         {"hit_rate", st.hit_rate()},       {"host_bytes_per_step", host_mb_step * 1e6}};
+        if (a.engine.stage_times) j["stage_ms_per_token"] = stages;
         fmt::print("{}\n", j.dump());
       } else {
-        fmt::print("| {} | {} | {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} |\n", engine->model_name(), kv, n_prompt,
-                   a.n_gen, pp_tps, tg_tps, double(mem.gpu_bytes) / (1 << 20), double(mem.host_bytes) / (1 << 20));
+        fmt::print("| {} | {} | {} | {} | {:.1f} | {:.1f} | {:.2f} | {:.1f} | {:.1f} | {} | {} |\n", engine->model_name(),
+                   kv, n_prompt, a.n_gen, pp_tps, tg_tps, 1000.0 / tg_tps, double(mem.gpu_bytes) / (1 << 20),
+                   double(mem.host_bytes) / (1 << 20),
+                   st.n_selected ? fmt::format("{:.1f}", 100.0 * st.hit_rate()) : std::string("-"),
+                   st.n_selected ? fmt::format("{:.2f}", host_mb_step) : std::string("-"));
+        if (!stage_line.empty()) fmt::print("|  | stages, ms/token: {} |\n", stage_line);
       }
       std::fflush(stdout);
     }
@@ -86,6 +105,9 @@ Registration reg(60, [](CLI::App& app) {
   cmd->add_option("-g,--gen", a->n_gen, "tokens to generate")->capture_default_str();
   cmd->add_option("-r,--reps", a->reps, "repetitions (median reported)")->capture_default_str();
   cmd->add_flag("--json", a->json, "print one JSON line per run");
+  cmd->add_flag("--stages", a->engine.stage_times,
+                "time each decode-step stage (index, select, fetch, attend, merge, append, model); "
+                "turns CUDA graphs off");
   cmd->callback([a] { perf(*a); });
 });
 

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "core/status.h"
+
 namespace kvtier::tools {
 
 // setup(app) creates the subcommand on `app` and sets its callback. The

@@ -33,6 +33,8 @@ void add_engine_options(CLI::App& app, EngineOptions& o) {
   app.add_option("--device", o.device, "where the model runs: cpu, or cuda (bf16 weights on GPU 0)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
+  app.add_flag("--cuda-graphs,!--no-cuda-graphs", o.cuda_graphs,
+               "--device cuda: replay each decode step as a captured CUDA graph (default on)");
 }
 
 void add_sampling_options(CLI::App& app, SamplingParams& s) {

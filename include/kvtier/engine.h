@@ -7,11 +7,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "core/status.h"
-#include "kv/kv_store.h"
-#include "model/config.h"
+#include "kvtier/kv_report.h"
+#include "kvtier/model_config.h"
+#include "kvtier/status.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kvtier {
@@ -23,8 +24,12 @@ struct EngineOptions {
   int64_t max_context = 0;    // 0: the model's training context
   int64_t host_kv_budget_bytes = 0;  // 0: unlimited; else longer contexts are refused
   // Where the forward pass runs: "cpu", or "cuda" (weights dequantized to bf16
-  // on CUDA device 0; see src/gpu/gpu_model.h for where each policy's KV lives).
+  // on CUDA device 0; the policy's plan says where its KV lives: kv/kv_plan.h).
   std::string device = "cpu";
+  bool cuda_graphs = true;  // decode steps replay a captured CUDA graph
+  // Time each stage of the decode steps (Engine::stage_times_ms; turns CUDA
+  // graphs off and adds a timing event per stage: for benchmarks).
+  bool stage_times = false;
 };
 
 struct SamplingParams {
@@ -45,10 +50,12 @@ struct GenerationResult {
   double prefill_seconds = 0;
   double decode_seconds = 0;
   KvMemory kv_memory;
+  KvStats kv_stats;       // decode steps' selection and host-tier reads
   std::string kv_policy;  // resolved policy description
 };
 
 class Model;
+class KvCache;
 
 // One generation in progress: its own KV store, sampler state and text
 // buffer. Created by Engine::start; step() decodes one token. Lets a caller
@@ -67,7 +74,10 @@ class Sequence {
   // return from on_piece cancels.
   const GenerationResult& run(const std::function<bool(const std::string&)>& on_piece);
   void cancel();
-  KvStore& kv();
+  // The sequence's KV cache (kv/kv_cache.h; internal API, for tools that
+  // inspect it, such as `kvtier analyze`).
+  KvCache& cache();
+  KvMemory kv_memory() const;
 
   struct State;
 
@@ -104,6 +114,10 @@ class Engine {
   std::vector<float> logits(const std::vector<int32_t>& tokens, const std::string& kv_policy = "full");
 
   Model& model();
+  // Milliseconds per decode-step stage (index, select, fetch, attend, merge,
+  // append, model) summed since the last reset, all sequences together;
+  // empty unless options.stage_times.
+  std::vector<std::pair<std::string, double>> stage_times_ms(bool reset = false);
 
   struct Impl;  // public so that Sequence's state can refer to it
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "bench/tasks.h"
+#include "core/status.h"
 #include "kvtier/engine.h"
 
 namespace kvtier::bench {

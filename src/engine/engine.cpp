@@ -7,10 +7,15 @@
 #include <chrono>
 #include <filesystem>
 
+#include "backend/stage_clock.h"
+#include "core/status.h"
 #include "core/threads.h"
 #include "engine/sampler.h"
-#include "gpu/gpu_model.h"
+#include "kv/analysis.h"
+#include "kv/kv_cache.h"
+#include "kv/kv_plan.h"
 #include "model/model.h"
+#include "model/model_cuda.h"
 
 namespace kvtier {
 
@@ -18,6 +23,9 @@ struct Engine::Impl {
   EngineOptions options;
   std::unique_ptr<Model> model;
   std::unique_ptr<GpuModel> gpu;  // set for device "cuda"
+  Device cpu{DeviceKind::cpu};
+  const Device& device() const { return gpu ? gpu->device() : cpu; }
+  std::unique_ptr<StageClock> clock;  // options.stage_times
   std::unique_ptr<Tokenizer> tokenizer;
   std::vector<int> extra_eos;
   int64_t max_context = 0;
@@ -28,7 +36,7 @@ struct Sequence::State {
   std::vector<int32_t> prompt;
   SamplingParams sampling;
   std::unique_ptr<Sampler> sampler;
-  std::unique_ptr<KvStore> kv;
+  std::unique_ptr<KvCache> kv;
   ForwardScratch scratch;           // device "cpu"
   std::unique_ptr<GpuSequence> gpu;  // device "cuda"
   std::vector<float> logits;  // [n_vocab]
@@ -65,13 +73,29 @@ size_t utf8_complete_prefix(const std::string& s, size_t from) {
 }
 
 // The forward pass on the engine's device (Model::forward's contract).
-void forward(const Model& model, GpuSequence* gpu, ForwardScratch& scratch, const int32_t* tokens, int n_tok,
-             int64_t pos0, KvStore& kv, int n_logits, float* logits) {
+// With stage timing on, a decode step's work outside the KV cache's stages
+// is charged to "model".
+void forward(const Engine::Impl& e, GpuSequence* gpu, ForwardScratch& scratch, const int32_t* tokens, int n_tok,
+             int64_t pos0, KvCache& kv, int n_logits, float* logits) {
+  const Exec& x = e.device().exec();
+  if (n_tok == 1) stage(x, "model");
   if (gpu) gpu->forward(tokens, n_tok, pos0, kv, n_logits, logits);
-  else model.forward(tokens, n_tok, pos0, kv, scratch, n_logits, logits);
+  else e.model->forward(tokens, n_tok, pos0, kv, scratch, n_logits, logits);
+  if (n_tok == 1) stage_stop(x);
 }
 
-KvMemory kv_memory(const Sequence::State& s) { return s.gpu ? s.gpu->memory(*s.kv) : s.kv->memory(); }
+KvMemory kv_memory(const Sequence::State& s) { return s.kv ? s.kv->memory() : s.result.kv_memory; }
+
+// A sequence's KV cache for `policy` on the engine's device ("analyze:…": the
+// CPU analysis cache).
+std::unique_ptr<KvCache> make_cache(const Engine::Impl& e, const std::string& policy) {
+  const KvGeometry g = e.model->kv_geometry();
+  if (policy.rfind(kAnalysisPrefix, 0) == 0) {
+    KVT_CHECK(!e.gpu, "kv analysis runs on the CPU (use --device cpu)");
+    return std::make_unique<AnalysisKv>(policy.substr(kAnalysisPrefix.size()), g, e.cpu);
+  }
+  return make_kv_cache(plan_kv(parse_policy(policy), g, e.device().kind()), e.device());
+}
 
 bool is_end_of_generation(const Engine::Impl& e, int32_t tok) {
   if (e.tokenizer && e.tokenizer->is_eog(tok)) return true;
@@ -87,16 +111,19 @@ Sequence::~Sequence() = default;
 
 bool Sequence::finished() const { return s_->finished; }
 const GenerationResult& Sequence::result() const { return s_->result; }
-KvStore& Sequence::kv() {
-  KVT_CHECK(s_->kv, "the sequence was cancelled and its KV store freed");
+KvCache& Sequence::cache() {
+  KVT_CHECK(s_->kv, "the sequence was cancelled and its KV cache freed");
   return *s_->kv;
 }
+
+KvMemory Sequence::kv_memory() const { return kvtier::kv_memory(*s_); }
 
 void Sequence::cancel() {
   if (s_->finished) return;
   s_->finished = true;
   s_->result.finish_reason = "cancelled";
-  s_->result.kv_memory = kv_memory(*s_);
+  s_->result.kv_memory = kvtier::kv_memory(*s_);
+  s_->result.kv_stats = s_->kv ? s_->kv->stats() : KvStats{};
   s_->kv.reset();  // free the KV memory now, not when the handle goes
   s_->gpu.reset();
 }
@@ -111,19 +138,18 @@ bool Sequence::step(std::string* piece) {
   if (!s.prefilled) {
     const int chunk = s.engine->options.prefill_chunk;
     const int64_t n = int64_t(s.prompt.size());
-    s.kv->set_phase(KvPhase::prefill);
     for (int64_t i = 0; i < n; i += chunk) {
       const int n_tok = int(std::min<int64_t>(chunk, n - i));
       const bool last = i + n_tok == n;
-      forward(model, s.gpu.get(), s.scratch, &s.prompt[size_t(i)], n_tok, i, *s.kv, last ? 1 : 0, s.logits.data());
+      forward(*s.engine, s.gpu.get(), s.scratch, &s.prompt[size_t(i)], n_tok, i, *s.kv, last ? 1 : 0, s.logits.data());
     }
     s.n_past = n;
-    s.kv->set_phase(KvPhase::decode);
+    s.kv->start_decode();
     s.prefilled = true;
     s.result.prefill_seconds = seconds_since(t0);
     t0 = Clock::now();
   } else {
-    forward(model, s.gpu.get(), s.scratch, &s.last_token, 1, s.n_past, *s.kv, 1, s.logits.data());
+    forward(*s.engine, s.gpu.get(), s.scratch, &s.last_token, 1, s.n_past, *s.kv, 1, s.logits.data());
     s.n_past += 1;
   }
   const int32_t tok = s.sampler->sample(s.logits.data(), n_vocab);
@@ -174,7 +200,8 @@ bool Sequence::step(std::string* piece) {
   s.result.decode_seconds += seconds_since(t0);
   if (s.finished) {
     s.result.text = s.text;
-    s.result.kv_memory = kv_memory(s);
+    s.result.kv_memory = kvtier::kv_memory(s);
+    s.result.kv_stats = s.kv->stats();
   }
   return true;
 }
@@ -196,7 +223,7 @@ Engine::~Engine() = default;
 
 std::unique_ptr<Engine> Engine::load(const EngineOptions& options) {
   KVT_CHECK(!options.model_path.empty(), "no model given (use -m PATH)");
-  KVT_CHECK(std::filesystem::exists(options.model_path),
+  KVT_CHECK(options.model_path.rfind("shape:", 0) == 0 || std::filesystem::exists(options.model_path),
             "model not found: {} (run scripts/fetch_default_model.sh for the default model)",
             options.model_path);
   KVT_CHECK(options.prefill_chunk > 0, "prefill chunk must be positive, got {}", options.prefill_chunk);
@@ -210,7 +237,11 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& options) {
   ModelSource source = open_model_source(options.model_path);
   impl.extra_eos = source.eos_token_ids;
   impl.model = std::make_unique<Model>(std::move(source));
-  if (options.device == "cuda") impl.gpu = make_gpu_model(*impl.model);
+  if (options.device == "cuda") impl.gpu = make_gpu_model(*impl.model, options.cuda_graphs && !options.stage_times);
+  if (options.stage_times) {
+    impl.clock = std::make_unique<StageClock>(options.device == "cuda" ? DeviceKind::cuda : DeviceKind::cpu);
+    (impl.gpu ? impl.gpu->device() : impl.cpu).set_clock(impl.clock.get());
+  }
   const ModelSource& src = impl.model->source();
   if (src.gguf) {
     impl.tokenizer = Tokenizer::from_gguf(*src.gguf);
@@ -225,6 +256,13 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& options) {
 const ModelConfig& Engine::config() const { return impl_->model->config(); }
 const EngineOptions& Engine::options() const { return impl_->options; }
 Model& Engine::model() { return *impl_->model; }
+
+std::vector<std::pair<std::string, double>> Engine::stage_times_ms(bool reset) {
+  if (!impl_->clock) return {};
+  auto t = impl_->clock->totals_ms();
+  if (reset) impl_->clock->reset();
+  return t;
+}
 
 const Tokenizer& Engine::tokenizer() const {
   KVT_CHECK(impl_->tokenizer, "{}: this model has no tokenizer (no tokenizer.json)",
@@ -259,7 +297,7 @@ std::unique_ptr<Sequence> Engine::start(std::vector<int32_t> prompt, const Sampl
                                  prompt.size(), impl.max_context));
   auto s = std::make_unique<Sequence::State>();
   s->engine = &impl;
-  s->kv = make_kv_store(kv_policy, impl.model->kv_geometry());
+  s->kv = make_cache(impl, kv_policy);
   if (impl.options.host_kv_budget_bytes > 0) {
     const int64_t n_total = int64_t(prompt.size()) + sampling.max_new_tokens;
     const double need = s->kv->memory().host_bytes_per_token * double(n_total);
@@ -277,15 +315,16 @@ std::unique_ptr<Sequence> Engine::start(std::vector<int32_t> prompt, const Sampl
   // than it generates, and concurrent sequences share the GPU.
   const int64_t n_ctx = std::min<int64_t>(int64_t(s->prompt.size()) + std::min(sampling.max_new_tokens, 4096),
                                           impl.max_context);
-  if (impl.gpu) s->gpu = impl.gpu->start(capacity, *s->kv, n_ctx);
+  s->kv->reserve(n_ctx);
+  if (impl.gpu) s->gpu = impl.gpu->start(capacity);
   else s->scratch = impl.model->make_scratch(capacity);
   s->logits.resize(size_t(n_vocab));
   s->result.n_prompt_tokens = int64_t(s->prompt.size());
-  s->result.kv_policy = s->kv->describe();
+  s->result.kv_policy = kv_policy.rfind(kAnalysisPrefix, 0) == 0 ? kv_policy : to_string(s->kv->plan().policy);
   if (sampling.max_new_tokens == 0) {
     s->finished = true;
     s->result.finish_reason = "length";
-    s->result.kv_memory = kv_memory(*s);
+    s->result.kv_memory = kvtier::kv_memory(*s);
   }
   return std::unique_ptr<Sequence>(new Sequence(std::move(s)));
 }
@@ -301,18 +340,18 @@ std::vector<float> Engine::logits(const std::vector<int32_t>& tokens, const std:
   KVT_CHECK(!tokens.empty(), "logits: no tokens");
   const Model& model = *impl_->model;
   const int n_vocab = model.config().n_vocab;
-  auto kv = make_kv_store(kv_policy, model.kv_geometry());
+  auto kv = make_cache(*impl_, kv_policy);
   const int chunk = impl_->options.prefill_chunk;
   const int capacity = std::min<int>(chunk, int(tokens.size()));
   ForwardScratch scratch;
   std::unique_ptr<GpuSequence> gpu;
-  if (impl_->gpu) gpu = impl_->gpu->start(capacity, *kv, int64_t(tokens.size()));
+  kv->reserve(int64_t(tokens.size()));
+  if (impl_->gpu) gpu = impl_->gpu->start(capacity);
   else scratch = model.make_scratch(capacity);
   std::vector<float> out(tokens.size() * size_t(n_vocab));  // [n_tok, n_vocab]
-  kv->set_phase(KvPhase::prefill);
   for (size_t i = 0; i < tokens.size(); i += size_t(chunk)) {
     const int n_tok = int(std::min<size_t>(size_t(chunk), tokens.size() - i));
-    forward(model, gpu.get(), scratch, &tokens[i], n_tok, int64_t(i), *kv, n_tok, &out[i * size_t(n_vocab)]);
+    forward(*impl_, gpu.get(), scratch, &tokens[i], n_tok, int64_t(i), *kv, n_tok, &out[i * size_t(n_vocab)]);
   }
   return out;
 }

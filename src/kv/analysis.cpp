@@ -4,7 +4,11 @@
 #include <cmath>
 
 #include "core/status.h"
+#include "kv/dense_kv.h"
+#include "kv/decode_batch.h"
 #include "kv/policy.h"
+#include "kv/tiered_kv.h"
+#include "ops/index_score/index_rows.h"
 
 namespace kvtier {
 
@@ -111,67 +115,141 @@ void accumulate_metrics(const KvGeometry& g, const float* q, float scale, const 
   }
 }
 
-AnalysisKvStore::AnalysisKvStore(const std::string& policies, const KvGeometry& g)
-    : g_(g), dense_(parse_policy("full,kv=f32"), g) {
+namespace {
+
+// Every token a tiered cache's last decode query of `layer` attended, per KV
+// head: sinks, the window (and not-yet-indexed tokens), outliers, and the
+// tokens its index selected.
+Selection attended(TieredKv& t, int layer, int64_t n) {
+  const KvPlan& k = t.plan();
+  const int H = k.geometry.n_kv_head;
+  StepPlanParams sp;
+  sp.n_seq = 1;
+  sp.chunk = k.chunk;
+  sp.unit = k.unit;
+  sp.sink = k.sink;
+  sp.local = k.local;
+  sp.ring = k.ring;
+  sp.kmax = t.batch().kmax_chunks();
+  const int32_t budget = t.batch().kmax_chunks();
+  StepRanges r;
+  step_plan_rows_cpu(sp, &n, &budget, nullptr, &r);
+  const int32_t* sel = t.batch().last_selection();
+  const int width = t.batch().selection_width();
+  const int n_out = t.seq().outlier_tokens() / k.chunk, max_out = k.n_outlier_tok / k.chunk;
+  const int32_t* out_ids = n_out > 0 ? t.seq().layer(layer).outliers.data<int32_t>() : nullptr;
+  Selection s;
+  s.indptr.assign(size_t(H) + 1, 0);
+  std::vector<int64_t> row;
+  for (int h = 0; h < H; ++h) {
+    row.clear();
+    for (int64_t i = 0; i < std::min<int64_t>(n, k.sink); ++i) row.push_back(i);
+    for (int64_t i = r.win_lo; i < n; ++i) row.push_back(i);
+    for (int i = 0; i < n_out; ++i) {
+      const int64_t ch = out_ids[size_t(h) * max_out + (max_out - n_out) + i];
+      for (int j = 0; j < k.chunk; ++j) row.push_back(ch * k.chunk + j);
+    }
+    const bool chunk_ids = width == t.batch().kmax_chunks() && k.chunk > 1;
+    for (int i = 0; i < width; ++i) {
+      const int32_t v = sel[int64_t(h) * width + i];
+      if (v < 0) continue;
+      if (chunk_ids)
+        for (int j = 0; j < k.chunk; ++j) row.push_back(int64_t(v) * k.chunk + j);
+      else
+        row.push_back(v);
+    }
+    std::sort(row.begin(), row.end());
+    row.erase(std::unique(row.begin(), row.end()), row.end());
+    s.indices.insert(s.indices.end(), row.begin(), row.end());
+    s.indptr[size_t(h) + 1] = int64_t(s.indices.size());
+  }
+  return s;
+}
+
+}  // namespace
+
+AnalysisKv::AnalysisKv(const std::string& policies, const KvGeometry& g, const Device& cpu)
+    : g_(g), dense_plan_(plan_kv(parse_policy("full,kv=f32"), g, DeviceKind::cpu)) {
+  KVT_CHECK(cpu.kind() == DeviceKind::cpu, "kv analysis runs on the CPU (--device cpu)");
+  dense_ = make_kv_cache(dense_plan_, cpu);
   size_t start = 0;
   while (start <= policies.size()) {
     size_t bar = policies.find('|', start);
-    std::string one = policies.substr(start, bar == std::string::npos ? std::string::npos
-                                                                       : bar - start);
+    std::string one = policies.substr(start, bar == std::string::npos ? std::string::npos : bar - start);
     KVT_CHECK(!one.empty(), "kv analysis '{}': empty policy between '|'", policies);
     PolicyConfig p = parse_policy(one);
     KVT_CHECK(p.index != IndexKind::none,
               "kv analysis: policy '{}' is dense; the analysis compares sparse policies with "
               "the oracle (dense attention is the reference already)", one);
-    stores_.push_back(std::make_unique<TieredKvStore>(p, g));
+    stores_.push_back(make_kv_cache(plan_kv(p, g, DeviceKind::cpu), cpu));
     PolicyAnalysis a;
     a.policy = one;
     a.resolved = to_string(p);
     a.by_head.assign(size_t(g.n_layer) * g.n_head, HeadMetrics{});
     results_.push_back(std::move(a));
+    distinct_.push_back({0, 0});
     if (bar == std::string::npos) break;
     start = bar + 1;
   }
 }
 
-void AnalysisKvStore::append(int layer, const float* k_pre, const float* k, const float* v,
-                             int n_tok) {
-  dense_.append(layer, k_pre, k, v, n_tok);
-  for (auto& s : stores_) s->append(layer, k_pre, k, v, n_tok);
+AnalysisKv::~AnalysisKv() = default;
+
+void AnalysisKv::reserve(int64_t n) {
+  dense_->reserve(n);
+  for (auto& s : stores_) s->reserve(n);
 }
 
-void AnalysisKvStore::set_phase(KvPhase phase) {
-  phase_ = phase;
-  dense_.set_phase(phase);
-  for (auto& s : stores_) s->set_phase(phase);
+void AnalysisKv::append(int layer, const void* k_pre, const void* k, const void* v, int64_t tok_stride, int n_tok) {
+  dense_->append(layer, k_pre, k, v, tok_stride, n_tok);
+  for (auto& s : stores_) s->append(layer, k_pre, k, v, tok_stride, n_tok);
 }
 
-void AnalysisKvStore::attend(int layer, const float* q, int n_tok, float scale, float* out) {
-  dense_.attend(layer, q, n_tok, scale, out);
-  if (phase_ != KvPhase::decode) return;
+void AnalysisKv::begin_step(int n_tok) {
+  dense_->begin_step(n_tok);
+  for (auto& s : stores_) s->begin_step(n_tok);
+}
+
+void AnalysisKv::start_decode() {
+  decoding_ = true;
+  dense_->start_decode();
+  for (auto& s : stores_) s->start_decode();
+}
+
+const KvPlan& AnalysisKv::policy_plan(size_t i) const { return stores_[i]->plan(); }
+int64_t AnalysisKv::budget_tokens(size_t i) const {
+  return static_cast<TieredKv&>(*stores_[i]).seq().budget_tokens();
+}
+KvStats AnalysisKv::policy_stats(size_t i) const { return stores_[i]->stats(); }
+
+void AnalysisKv::attend(int layer, const void* q, int64_t q_stride, int n_tok, float scale, void* out) {
+  dense_->attend(layer, q, q_stride, n_tok, scale, out);
+  if (!decoding_) return;
+  KVT_CHECK(n_tok == 1, "kv analysis: decode queries come one at a time");
   const int64_t qs = int64_t(g_.n_head) * g_.head_dim;
-  const int64_t n = dense_.n_tokens(layer);
-  std::vector<float> out_p(qs);
-  Selection sel, orc;
-  for (int i = 0; i < n_tok; ++i) {
-    const int64_t n_visible = n - n_tok + i + 1;
-    for (size_t j = 0; j < stores_.size(); ++j) {
-      TieredKvStore& s = *stores_[j];
-      s.attend_one(layer, q + i * qs, scale, n_visible, out_p.data(), &sel);
-      oracle_selection(g_, s.config(), s.budget(), q + i * qs, scale, dense_.keys(layer),
-                       n_visible, &orc);
-      accumulate_metrics(g_, q + i * qs, scale, dense_.keys(layer), n_visible, out + i * qs,
-                         out_p.data(), sel, orc,
-                         results_[j].by_head.data() + size_t(layer) * g_.n_head);
-    }
-    if (layer == 0) ++n_queries_;
+  const int64_t n = dense_->n_tokens(layer);
+  const float* qf = static_cast<const float*>(q);
+  const float* keys = static_cast<const float*>(static_cast<DenseKv&>(*dense_).keys(layer));
+  std::vector<float> out_p(static_cast<size_t>(qs));
+  Selection orc;
+  for (size_t j = 0; j < stores_.size(); ++j) {
+    auto& t = static_cast<TieredKv&>(*stores_[j]);
+    t.attend(layer, q, q_stride, 1, scale, out_p.data());
+    const Selection sel = attended(t, layer, n);
+    oracle_selection(g_, t.plan().policy, t.seq().budget_tokens(), qf, scale, keys, n, &orc);
+    accumulate_metrics(g_, qf, scale, keys, n, static_cast<const float*>(out), out_p.data(), sel, orc,
+                       results_[j].by_head.data() + size_t(layer) * g_.n_head);
+    // Distinct tokens among the rows read from the host tier (the index's picks).
+    const int32_t* s = t.batch().last_selection();
+    const int w = t.batch().selection_width();
+    std::vector<int32_t> toks;
+    for (int i = 0; i < g_.n_kv_head * w; ++i)
+      if (s[i] >= 0) toks.push_back(s[i]);
+    distinct_[j].second += int64_t(toks.size());
+    std::sort(toks.begin(), toks.end());
+    distinct_[j].first += int64_t(std::unique(toks.begin(), toks.end()) - toks.begin());
   }
-}
-
-std::string AnalysisKvStore::describe() const {
-  std::string s(kAnalysisPrefix);
-  for (size_t j = 0; j < results_.size(); ++j) s += (j ? "|" : "") + results_[j].resolved;
-  return s;
+  if (layer == 0) ++n_queries_;
 }
 
 }  // namespace kvtier

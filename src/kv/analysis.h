@@ -9,7 +9,7 @@
 //   output error  ‖o_policy − o_dense‖ / ‖o_dense‖
 // Replaying every policy against one dense sequence (rather than letting each
 // decode its own text) keeps the inputs identical, so the numbers compare the
-// selections and nothing else. Created by make_kv_store("analyze:P1|P2|…").
+// selections and nothing else.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -17,9 +17,8 @@
 #include <string_view>
 #include <vector>
 
-#include "kv/kv_store.h"
-#include "kv/full_kv.h"
-#include "kv/tiered_store.h"
+#include "kv/kv_cache.h"
+#include "kv/selector.h"
 
 namespace kvtier {
 
@@ -56,28 +55,42 @@ void oracle_selection(const KvGeometry& g, const PolicyConfig& p, int64_t budget
                       const float* q, float scale, const float* k, int64_t n_visible,
                       Selection* out);
 
-class AnalysisKvStore : public KvStore {
+// A KvCache on the CPU (created by make_analysis_cache for "analyze:P1|P2|…").
+class AnalysisKv final : public KvCache {
  public:
   // policies: "P1|P2|…", each a policy string with a sparse index.
-  AnalysisKvStore(const std::string& policies, const KvGeometry& g);
+  AnalysisKv(const std::string& policies, const KvGeometry& g, const Device& cpu);
+  ~AnalysisKv() override;
 
-  void append(int layer, const float* k_pre, const float* k, const float* v, int n_tok) override;
-  void attend(int layer, const float* q, int n_tok, float scale, float* out) override;
-  void set_phase(KvPhase phase) override;
-  int64_t n_tokens(int layer) const override { return dense_.n_tokens(layer); }
-  KvMemory memory() const override { return dense_.memory(); }
-  std::string describe() const override;
+  const KvPlan& plan() const override { return dense_plan_; }
+  void append(int layer, const void* k_pre, const void* k, const void* v, int64_t tok_stride, int n_tok) override;
+  void attend(int layer, const void* q, int64_t q_stride, int n_tok, float scale, void* out) override;
+  void start_decode() override;
+  void begin_step(int n_tok) override;
+  bool decoding() const override { return decoding_; }
+  int64_t n_tokens(int layer) const override { return dense_->n_tokens(layer); }
+  void reserve(int64_t n) override;
+  KvMemory memory() const override { return dense_->memory(); }
+  KvStats stats() const override { return {}; }
 
   const std::vector<PolicyAnalysis>& results() const { return results_; }
-  const std::vector<std::unique_ptr<TieredKvStore>>& stores() const { return stores_; }
   int64_t n_decode_queries() const { return n_queries_; }
+  // Per policy: its plan, its budget in tokens, its slot-cache statistics (the
+  // share of host rows the previous query also fetched), and the distinct
+  // tokens per (KV head, token) host row.
+  const KvPlan& policy_plan(size_t i) const;
+  int64_t budget_tokens(size_t i) const;
+  KvStats policy_stats(size_t i) const;
+  double distinct_rate(size_t i) const { return distinct_[i].second ? double(distinct_[i].first) / double(distinct_[i].second) : 0.0; }
 
  private:
   KvGeometry g_;
-  FullKvStore dense_;
-  KvPhase phase_ = KvPhase::prefill;
-  std::vector<std::unique_ptr<TieredKvStore>> stores_;
+  KvPlan dense_plan_;
+  std::unique_ptr<KvCache> dense_;
+  bool decoding_ = false;
+  std::vector<std::unique_ptr<KvCache>> stores_;
   std::vector<PolicyAnalysis> results_;
+  std::vector<std::pair<int64_t, int64_t>> distinct_;  // distinct (token) vs (head, token) host rows
   int64_t n_queries_ = 0;
 };
 

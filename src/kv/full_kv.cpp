@@ -28,7 +28,7 @@ AttentionParams attention_params(const KvGeometry& g, float scale) {
 }  // namespace
 
 FullKvStore::FullKvStore(const PolicyConfig& p, const KvGeometry& g)
-    : p_(p), g_(checked(g)), spec_(parse_quant_spec(p.kv)) {
+    : p_(p), g_(checked(g)), spec_(p.kv) {
   KVT_CHECK(spec_.kind != QuantKind::nvfp4,
             "kv policy full: kv=nvfp4 needs a per-tensor scale; use it with a tiered policy");
   bytes_per_vector(spec_, g.n_kv_head * g.head_dim);  // validates the width

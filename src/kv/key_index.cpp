@@ -12,10 +12,43 @@
 #include "ops/quant/residual_quant.h"
 
 // LAPACK (shipped inside OpenBLAS; Debian installs no lapacke.h for it).
-extern "C" void dsyev_(const char* jobz, const char* uplo, const int* n, double* a, const int* lda,
-                       double* w, double* work, const int* lwork, int* info);
+extern "C" void dsyevr_(const char* jobz, const char* range, const char* uplo, const int* n, double* a,
+                        const int* lda, const double* vl, const double* vu, const int* il, const int* iu,
+                        const double* abstol, int* m, double* w, double* z, const int* ldz, int* isuppz,
+                        double* work, const int* lwork, int* iwork, const int* liwork, int* info);
 
 namespace kvtier {
+
+std::vector<float> svd_basis_from_gram(std::vector<double>& gram, int width, int rank) {
+  KVT_CHECK(rank >= 1 && rank <= width && gram.size() == size_t(width) * width, "key svd: rank {} width {}", rank,
+            width);
+  // Only the `rank` largest eigenpairs (LAPACK's MRRR, dsyevr): the full
+  // decomposition (dsyev) took ~1 s per layer at width 1024.
+  int n = width, lda = width, il = width - rank + 1, iu = width, m = 0, info = 0, lwork = -1, liwork = -1;
+  const double vl = 0, vu = 0, abstol = 0;
+  std::vector<double> w(static_cast<size_t>(width)), z(static_cast<size_t>(width) * rank);
+  std::vector<int> isuppz(2 * size_t(rank));
+  double wq = 0;
+  int iwq = 0;
+  // Row-major upper == column-major lower of the same (symmetric) matrix.
+  dsyevr_("V", "I", "L", &n, gram.data(), &lda, &vl, &vu, &il, &iu, &abstol, &m, w.data(), z.data(), &lda,
+          isuppz.data(), &wq, &lwork, &iwq, &liwork, &info);
+  lwork = std::max(1, int(wq));
+  liwork = std::max(1, iwq);
+  std::vector<double> work(static_cast<size_t>(lwork));
+  std::vector<int> iwork(static_cast<size_t>(liwork));
+  dsyevr_("V", "I", "L", &n, gram.data(), &lda, &vl, &vu, &il, &iu, &abstol, &m, w.data(), z.data(), &lda,
+          isuppz.data(), work.data(), &lwork, iwork.data(), &liwork, &info);
+  KVT_CHECK(info == 0 && m == rank, "key svd: LAPACK dsyevr failed (info={}, {} of {} eigenvectors)", info, m, rank);
+  // Column-major eigenvectors, ascending eigenvalue: column j is
+  // z[j*width .. +width). The largest first.
+  std::vector<float> basis(size_t(rank) * width);
+  for (int r = 0; r < rank; ++r) {
+    const double* ev = z.data() + size_t(rank - 1 - r) * width;
+    for (int d = 0; d < width; ++d) basis[size_t(r) * width + d] = float(ev[d]);
+  }
+  return basis;
+}
 
 KeySvd key_svd(const float* k_pre, int64_t n_tok, int width, int rank) {
   KVT_CHECK(rank >= 1 && rank <= width, "key svd: rank {} outside [1, {}]", rank, width);
@@ -34,22 +67,7 @@ KeySvd key_svd(const float* k_pre, int64_t n_tok, int width, int rank) {
     cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, width, int(nb), 1.0, tmp.data(), width,
                 1.0, gram.data(), width);
   }
-  std::vector<double> w(width);
-  int n = width, lda = width, info = 0, lwork = -1;
-  double query = 0;
-  // Row-major upper == column-major lower of the same (symmetric) matrix.
-  dsyev_("V", "L", &n, gram.data(), &lda, w.data(), &query, &lwork, &info);
-  lwork = int(query);
-  std::vector<double> work(std::max(1, lwork));
-  dsyev_("V", "L", &n, gram.data(), &lda, w.data(), work.data(), &lwork, &info);
-  KVT_CHECK(info == 0, "key svd: LAPACK dsyev failed (info={})", info);
-  // Column-major eigenvectors: eigenvector j (ascending eigenvalue) is
-  // gram[j*width .. +width). Keep the largest `rank`.
-  s.basis.resize(size_t(rank) * width);
-  for (int r = 0; r < rank; ++r) {
-    const double* ev = gram.data() + size_t(width - 1 - r) * width;
-    for (int d = 0; d < width; ++d) s.basis[size_t(r) * width + d] = float(ev[d]);
-  }
+  s.basis = svd_basis_from_gram(gram, width, rank);
   s.proj.resize(size_t(n_tok) * rank);
   // proj = k_pre · basisᵀ   [n_tok, rank]
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n_tok), rank, width, 1.0f, k_pre,
@@ -91,7 +109,7 @@ KeyIndex::KeyIndex(const PolicyConfig& p, const KvGeometry& g) : p_(p), g_(g) {
     if (p.residual) {
       res_codes_.resize(L);
     } else {
-      const std::string lm = resolved_lm_spec(p.lm, g.head_dim);
+      const std::string lm = to_string(resolved_lm_spec(p.lm, g.head_dim));
       for (int l = 0; l < L; ++l) lm_codes_.emplace_back(lm, g.head_dim);
     }
   }
@@ -149,8 +167,8 @@ void KeyIndex::index_units(int layer) {
     // each keeps a quantized residual against the dequantized meta.
     const int m = p_.res_m;
     ResidualSpec rs;
-    rs.meta = parse_quant_spec(resolved_lm_spec(p_.res_meta, D));
-    rs.resid = parse_quant_spec(resolved_lm_spec(p_.res, D));
+    rs.meta = resolved_lm_spec(p_.res_meta, D);
+    rs.resid = resolved_lm_spec(p_.res, D);
     rs.group = m;
     const size_t meta_b = bytes_per_vector(rs.meta, D), res_b = bytes_per_vector(rs.resid, D);
     std::vector<float> x(size_t(m) * D), rec(size_t(m) * D);  // [m, head_dim]
@@ -181,7 +199,7 @@ void KeyIndex::finish_prompt() {
     const int64_t n = n_appended_[l];
     svd_[l] = key_svd(prompt_pre_[l].data(), n, width, rank);
     // GPU copy in bf16 as ShadowKV holds it, f32 for exact reference runs.
-    if (p_.kv != "f32") {
+    if (p_.kv.kind != QuantKind::f32) {
       round_bf16(svd_[l].basis);
       round_bf16(svd_[l].proj);
     }

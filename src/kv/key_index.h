@@ -23,7 +23,7 @@ namespace kvtier {
 
 // Rank-r factorization of the pre-RoPE keys of a layer's prompt (ShadowKV):
 // k_pre ≈ proj · basis. Right singular vectors from the eigenvectors of the
-// Gram matrix k_preᵀ·k_pre (LAPACK dsyev, f64), largest first.
+// Gram matrix k_preᵀ·k_pre (LAPACK dsyevr, f64, only those kept), largest first.
 struct KeySvd {
   int rank = 0;
   int width = 0;
@@ -33,6 +33,10 @@ struct KeySvd {
 };
 // k_pre: [n_tok, width] f32
 KeySvd key_svd(const float* k_pre, int64_t n_tok, int width, int rank);
+// The top `rank` eigenvectors of a symmetric [width, width] Gram matrix
+// (row-major, only the upper triangle read; destroyed), largest eigenvalue
+// first: [rank, width] f32 — the right singular vectors of the keys.
+std::vector<float> svd_basis_from_gram(std::vector<double>& gram, int width, int rank);
 // out: [n, width] f32, rows tok[i] of proj · basis
 void key_svd_reconstruct(const KeySvd& s, const int64_t* tok, int64_t n, float* out);
 

@@ -1,6 +1,5 @@
 #include "kv/kv_store.h"
 
-#include "kv/analysis.h"
 #include "kv/policy.h"
 #include "kv/full_kv.h"
 #include "kv/tiered_store.h"
@@ -8,8 +7,6 @@
 namespace kvtier {
 
 std::unique_ptr<KvStore> make_kv_store(const std::string& policy, const KvGeometry& geometry) {
-  if (policy.rfind(kAnalysisPrefix, 0) == 0)
-    return std::make_unique<AnalysisKvStore>(policy.substr(kAnalysisPrefix.size()), geometry);
   PolicyConfig p = parse_policy(policy);
   if (p.index == IndexKind::none) return std::make_unique<FullKvStore>(p, geometry);
   return std::make_unique<TieredKvStore>(p, geometry);

@@ -7,6 +7,9 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
+
+#include "kvtier/kv_report.h"
 
 namespace kvtier {
 
@@ -20,15 +23,12 @@ struct KvGeometry {
   // post-RoPE keys (shadowkv's SVD, host keys stored before RoPE); may be
   // left empty otherwise (make_kv_store then refuses those policies).
   std::function<void(float* k, const int64_t* pos, int64_t n)> apply_rope;
+  // The same RoPE as data, for either device: angle t · rope_inv_freq[i],
+  // pairs (i, i + head_dim/2), or (2i, 2i+1) when interleaved.
+  std::vector<float> rope_inv_freq;  // [head_dim / 2]
+  bool rope_interleaved = false;
 };
 
-// Exact byte accounting of a store (see SPEC "Policies").
-struct KvMemory {
-  double gpu_bytes_per_token = 0;   // GPU tier (key index, resident K/V), all layers
-  double host_bytes_per_token = 0;  // host tier (full K and V), all layers
-  int64_t gpu_bytes = 0;            // now, for the tokens held
-  int64_t host_bytes = 0;
-};
 
 enum class KvPhase { prefill, decode };
 

@@ -27,7 +27,7 @@ PolicyConfig preset(const std::string& name) {
     // landmarks, 48 outlier chunks, 32 local tokens, 2048 tokens of 128K.
     p.index = IndexKind::shadowkv;
     p.chunk = 8;
-    p.lm = "bf16";
+    p.lm = bf16_spec();
     p.rank = 160.0 / 1024.0;
     p.budget = 2048.0 / 131072.0;
     p.local = 32;
@@ -39,8 +39,10 @@ PolicyConfig preset(const std::string& name) {
     // head of ≤ 128 dims), 4-bit HIGGS host K/V over the layer's KV width.
     p.index = IndexKind::landmarks;
     p.chunk = 1;
-    p.lm = "higgs2:g128";
-    p.kv = "higgs4";
+    p.lm = parse_quant_spec("higgs2:g128");
+    // Host records per KV head (group 128 = one Hadamard group per head), so
+    // that a head's gather reads only its own 144 bytes.
+    p.kv = parse_quant_spec("higgs4:g128");
     p.budget = 0.03125;
     p.local = 64;
     return p;
@@ -55,7 +57,7 @@ PolicyConfig preset(const std::string& name) {
   if (name == "landmarks") {
     p.index = IndexKind::landmarks;
     p.chunk = 8;
-    p.lm = "bf16";
+    p.lm = bf16_spec();
     p.budget = 0.03125;
     p.local = 64;
     return p;
@@ -89,9 +91,9 @@ double parse_double(const std::string& key, const std::string& v) {
   return x;
 }
 
-std::string check_quant(const std::string& key, const std::string& v) {
+QuantSpec check_quant(const std::string& key, const std::string& v) {
   try {
-    return to_string(parse_quant_spec(v));
+    return parse_quant_spec(v);
   } catch (const Error& e) {
     fail("kv policy: {}={} is not a quantizer spec ({})", key, v, e.what());
   }
@@ -253,16 +255,16 @@ std::string to_string(const PolicyConfig& p) {
   if (p.index != IndexKind::none) {
     if (p.index != IndexKind::exact) {
       s += fmt::format(",chunk={}", p.chunk);
-      if (p.residual) s += fmt::format(",lm=residual,meta={},res={},m={}", p.res_meta, p.res,
-                                       p.res_m);
-      else s += fmt::format(",lm={}", p.lm);
+      if (p.residual)
+        s += fmt::format(",lm=residual,meta={},res={},m={}", to_string(p.res_meta), to_string(p.res), p.res_m);
+      else s += fmt::format(",lm={}", to_string(p.lm));
     }
     if (p.index == IndexKind::shadowkv)
       s += fmt::format(",rank={},outliers={}",
                        p.rank_fraction ? fmt_double(p.rank * 100) + "%" : fmt_double(p.rank),
                        p.outliers);
   }
-  s += fmt::format(",kv={}", p.kv);
+  s += fmt::format(",kv={}", to_string(p.kv));
   if (p.index != IndexKind::none) {
     s += fmt::format(",keys_prerope={},budget={},sink={},local={},gqa={}", p.keys_prerope ? 1 : 0,
                      fmt_double(p.budget), p.sink, p.local,
@@ -287,11 +289,12 @@ int resolved_rank(const PolicyConfig& p, int kv_width) {
   return r;
 }
 
-std::string resolved_lm_spec(const std::string& spec, int head_dim) {
-  QuantSpec q = parse_quant_spec(spec);
-  if ((q.kind == QuantKind::higgs || q.kind == QuantKind::uniform) && q.group > head_dim)
+QuantSpec resolved_lm_spec(const QuantSpec& spec, int head_dim) {
+  QuantSpec q = spec;
+  if ((q.kind == QuantKind::higgs || q.kind == QuantKind::uniform || q.kind == QuantKind::binary) &&
+      q.group > head_dim)
     q.group = head_dim;
-  return to_string(q);
+  return q;
 }
 
 }  // namespace kvtier

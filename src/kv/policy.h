@@ -24,6 +24,7 @@
 #include <string>
 
 #include "kv/kv_store.h"
+#include "ops/quant/quant_format.h"
 
 namespace kvtier {
 
@@ -34,14 +35,14 @@ struct PolicyConfig {
   std::string preset = "full";
   IndexKind index = IndexKind::none;
   int chunk = 1;
-  std::string lm = "bf16";  // landmark quant spec (index=landmarks|shadowkv)
+  QuantSpec lm = bf16_spec();  // landmark precision (index=landmarks|shadowkv)
   bool residual = false;    // residual landmarks (index=landmarks)
-  std::string res_meta = "higgs4";
-  std::string res = "1bit";
+  QuantSpec res_meta = parse_quant_spec("higgs4");
+  QuantSpec res = parse_quant_spec("1bit");
   int res_m = 8;
   double rank = 0;  // shadowkv: absolute (integer) or a fraction of the KV width
   bool rank_fraction = true;
-  std::string kv = "bf16";  // host K/V quant spec
+  QuantSpec kv = bf16_spec();  // host K/V precision (full: the resident K/V)
   bool keys_prerope = false;
   double budget = 0;  // ≥ 1 tokens, (0, 1) fraction of the prompt
   int min_budget = 0;  // floor in tokens of the resolved budget (0: none)
@@ -61,10 +62,10 @@ std::string to_string(const PolicyConfig& p);
 int64_t budget_tokens(const PolicyConfig& p, int64_t n_prompt);
 // ShadowKV rank for a layer KV width of kv_width = n_kv_head * head_dim.
 int resolved_rank(const PolicyConfig& p, int kv_width);
-// The landmark quant spec for a head of head_dim: a HIGGS/uniform group larger
-// than the head is clamped to head_dim (yakv's "group 128 or the head
-// dimension if smaller").
-std::string resolved_lm_spec(const std::string& spec, int head_dim);
+// A landmark spec for a head of head_dim: a HIGGS/uniform group larger than
+// the head is clamped to head_dim (yakv's "group 128 or the head dimension if
+// smaller").
+QuantSpec resolved_lm_spec(const QuantSpec& spec, int head_dim);
 
 // Per-token and context totals of a policy, computed without allocating.
 // GPU tier: key index (landmarks, SVD projection rows, exact keys) and, for

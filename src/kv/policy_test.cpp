@@ -36,7 +36,7 @@ TEST(Policy, PresetsResolveToThePaperNumbers) {
   EXPECT_EQ(s.local, 32);
   EXPECT_EQ(s.outliers, 48);
   EXPECT_EQ(s.sink, 0);
-  EXPECT_EQ(s.lm, "bf16");
+  EXPECT_EQ(to_string(s.lm), "bf16");
 
   PolicyConfig y = parse_policy("yakv");
   EXPECT_EQ(y.index, IndexKind::landmarks);
@@ -45,15 +45,15 @@ TEST(Policy, PresetsResolveToThePaperNumbers) {
   EXPECT_EQ(y.local, 64);
   EXPECT_EQ(y.outliers, 0);
   EXPECT_EQ(y.rank, 0);
-  EXPECT_EQ(y.kv, "higgs4");
-  EXPECT_EQ(resolved_lm_spec(y.lm, 128), "higgs2:g128");
-  EXPECT_EQ(resolved_lm_spec(y.lm, 64), "higgs2:g64");  // head smaller than 128
+  EXPECT_EQ(to_string(y.kv), "higgs4:g128");  // per KV head (SPEC: the engine lays records out per head)
+  EXPECT_EQ(to_string(resolved_lm_spec(y.lm, 128)), "higgs2:g128");
+  EXPECT_EQ(to_string(resolved_lm_spec(y.lm, 64)), "higgs2:g64");  // head smaller than 128
 
   PolicyConfig o = parse_policy("oracle");
   EXPECT_EQ(o.index, IndexKind::exact);
   EXPECT_EQ(o.chunk, 1);
   EXPECT_EQ(parse_policy("full").index, IndexKind::none);
-  EXPECT_EQ(parse_policy("full").kv, "bf16");
+  EXPECT_EQ(to_string(parse_policy("full").kv), "bf16");
 }
 
 TEST(Policy, Overrides) {
@@ -68,19 +68,19 @@ TEST(Policy, Overrides) {
   EXPECT_EQ(resolved_rank(parse_policy("shadowkv,rank=1"), 1024), 1);
   EXPECT_EQ(resolved_rank(parse_policy("shadowkv,rank=full"), 1024), 1024);
   EXPECT_EQ(resolved_rank(parse_policy("shadowkv,rank=50%"), 1024), 512);
-  EXPECT_EQ(parse_policy("full,kv=f32").kv, "f32");
+  EXPECT_EQ(to_string(parse_policy("full,kv=f32").kv), "f32");
   EXPECT_EQ(budget_tokens(parse_policy("oracle,budget=512"), 100000), 512);
   PolicyConfig c = parse_policy("landmarks,chunk=1,lm=higgs2:g64,budget=0.03125");
   EXPECT_EQ(c.chunk, 1);
-  EXPECT_EQ(c.lm, "higgs2:g64");
+  EXPECT_EQ(to_string(c.lm), "higgs2:g64");
   PolicyConfig r = parse_policy("yakv,lm=residual:meta=higgs4,res=1bit,m=8");
   EXPECT_TRUE(r.residual);
   EXPECT_EQ(r.res_m, 8);
-  EXPECT_EQ(r.res_meta, "higgs4");
-  EXPECT_EQ(r.res, "1bit");
+  EXPECT_EQ(to_string(r.res_meta), "higgs4");
+  EXPECT_EQ(to_string(r.res), "1bit");
   EXPECT_EQ(parse_policy("yakv,gqa=mean").gqa, GqaMode::mean);
   EXPECT_TRUE(parse_policy("yakv,keys_prerope=1").keys_prerope);
-  EXPECT_EQ(parse_policy("yakv,kv=fp8").kv, "fp8");
+  EXPECT_EQ(to_string(parse_policy("yakv,kv=fp8").kv), "fp8");
   EXPECT_EQ(parse_policy("yakv,index=exact").chunk, 1);
 }
 
@@ -148,8 +148,9 @@ TEST(Accounting, Llama31_8BMatchesSpecArithmetic) {
   // 34 B × 8 heads × 32 layers = 8704 B ≈ 8.5 KiB per token.
   KvFootprint y = kv_footprint(parse_policy("yakv"), g, ctx);
   EXPECT_EQ(y.gpu_bytes_per_token, 8704);
-  // host: HIGGS-4 over the layer's 1024 dims: 512 B codes + 2 B scale, K and V.
-  EXPECT_EQ(y.host_bytes_per_token, (512 + 2) * 2 * 32);
+  // host: HIGGS-4 per KV head (group 128): 64 B codes + 2 B scale for K and for V,
+  // padded to 144 B, × 8 heads × 32 layers.
+  EXPECT_EQ(y.host_bytes_per_token, 144 * 8 * 32);
   EXPECT_EQ(kv_footprint(parse_policy("yakv,kv=fp8"), g, ctx).host_bytes_per_token, 65536);
   // Local window: 64 tokens of bf16 K and V resident.
   EXPECT_EQ(y.gpu_fixed_bytes, int64_t(64) * 4096 * 32);

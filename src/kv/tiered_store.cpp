@@ -37,13 +37,21 @@ const KvGeometry& checked(const KvGeometry& g) {
   return g;
 }
 
+// A host group larger than a head but set (yakv's g128 on a smaller head) is
+// the head itself, as the tiered cache's per-head records have it.
+QuantSpec clamped_kv(QuantSpec s, int head_dim) {
+  if (s.kind == QuantKind::higgs && s.group > head_dim) s.group = head_dim;
+  return s;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- tiered
 
 TieredKvStore::TieredKvStore(const PolicyConfig& p, const KvGeometry& g)
     : p_(p), g_(checked(g)), width_(g.n_kv_head * g.head_dim),
-      host_(g.n_layer, g.n_kv_head, g.head_dim, p.kv, p.keys_prerope, g.apply_rope),
+      host_(g.n_layer, g.n_kv_head, g.head_dim, to_string(clamped_kv(p.kv, g.head_dim)), p.keys_prerope,
+            g.apply_rope),
       index_(p, g) {
   const int L = g.n_layer;
   n_tok_.assign(L, 0);
@@ -60,7 +68,7 @@ TieredKvStore::TieredKvStore(const PolicyConfig& p, const KvGeometry& g)
 
 void TieredKvStore::round_resident(float* x, int64_t n) const {
   // Resident rows are bf16 on the GPU; kv=f32 keeps them exact for reference runs.
-  if (p_.kv == "f32") return;
+  if (p_.kv.kind == QuantKind::f32) return;
   for (int64_t i = 0; i < n; ++i) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
 }
 

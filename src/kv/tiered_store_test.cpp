@@ -12,6 +12,7 @@
 #include "kv/key_index.h"
 #include "kv/kv_store.h"
 #include "kv/policy.h"
+#include "kv/tiered_kv.h"
 #include "kv/tiered_store.h"
 #include "ops/attention/attention.h"
 
@@ -43,6 +44,7 @@ KvGeometry small_geometry() {
   g.apply_rope = [g](float* k, const int64_t* pos, int64_t n) {
     test_rope(k, pos, n, g.n_kv_head, g.head_dim);
   };
+  for (int j = 0; j < g.head_dim / 2; ++j) g.rope_inv_freq.push_back(float(std::pow(10000.0, -2.0 * j / g.head_dim)));
   return g;
 }
 
@@ -94,6 +96,29 @@ std::vector<std::vector<float>> run(KvStore& store, const Synthetic& s, int64_t 
       store.append(l, s.k_pre.data() + t * W, s.k.data() + t * W, s.v.data() + t * W, int(n_tok));
       out.assign(n_tok * QW, 0.0f);
       store.attend(l, s.q.data() + t * QW, int(n_tok), scale, out.data());
+      if (!prefill) outs[l].insert(outs[l].end(), out.begin(), out.end());
+    }
+    t += n_tok;
+  }
+  return outs;
+}
+
+// The same through a KvCache (the engine's interface; kv_cache.h).
+std::vector<std::vector<float>> run(KvCache& store, const Synthetic& s, int64_t n_prompt) {
+  const KvGeometry& g = s.g;
+  const int W = g.n_kv_head * g.head_dim, QW = g.n_head * g.head_dim;
+  const float scale = 1.0f / std::sqrt(float(g.head_dim));
+  std::vector<std::vector<float>> outs(g.n_layer);
+  std::vector<float> out;
+  for (int64_t t = 0; t < s.n;) {
+    const bool prefill = t < n_prompt;
+    const int64_t n_tok = prefill ? std::min<int64_t>(37, n_prompt - t) : 1;
+    if (!prefill && t == n_prompt) store.start_decode();
+    store.begin_step(int(n_tok));
+    for (int l = 0; l < g.n_layer; ++l) {
+      store.append(l, s.k_pre.data() + t * W, s.k.data() + t * W, s.v.data() + t * W, W, int(n_tok));
+      out.assign(n_tok * QW, 0.0f);
+      store.attend(l, s.q.data() + t * QW, QW, int(n_tok), scale, out.data());
       if (!prefill) outs[l].insert(outs[l].end(), out.begin(), out.end());
     }
     t += n_tok;
@@ -316,15 +341,17 @@ TEST(TieredStore, DistinctRateCountsTokensSharedByTheHeads) {
   EXPECT_LE(few.stats().distinct_rate(), 1.0);
 }
 
-TEST(TieredStore, MemoryMatchesFootprint) {
+TEST(TieredKv, MemoryMatchesFootprint) {
   const KvGeometry g = small_geometry();
   Synthetic s(g, 256, 6);
-  for (const char* pol : {"yakv", "yakv,kv=fp8", "oracle", "landmarks,chunk=8,lm=int4"}) {
-    PolicyConfig p = parse_policy(pol);
-    TieredKvStore store(p, g);
-    run(store, s, 256);  // prompt only: 256 tokens, a multiple of every chunk
-    KvMemory m = store.memory();
-    KvFootprint f = kv_footprint(p, g, 256);
+  Device cpu(DeviceKind::cpu);
+  for (const char* pol : {"yakv", "yakv,kv=fp8", "oracle", "landmarks,chunk=8,lm=int4", "yakv,kv=nvfp4",
+                          "yakv,lm=residual,m=8", "shadowkv,rank=16,outliers=2"}) {
+    const KvPlan plan = plan_kv(parse_policy(pol), g, DeviceKind::cpu);
+    TieredKv kv(plan, cpu);
+    run(kv, s, 256);  // prompt only: 256 tokens, a multiple of every chunk
+    const KvMemory m = kv.memory();
+    const KvFootprint f = plan_footprint(plan, 256);
     EXPECT_EQ(m.host_bytes, f.host_bytes) << pol;
     EXPECT_EQ(m.gpu_bytes, f.gpu_bytes) << pol;
   }
@@ -376,7 +403,8 @@ TEST(HostStore, PreRopeKeysComeBackRotated) {
 TEST(Analysis, OracleScoresPerfectAndBudgetAboveContextIsExact) {
   const KvGeometry g = small_geometry();
   Synthetic s(g, 230, 9);
-  AnalysisKvStore a("oracle,kv=f32,budget=20|yakv,budget=20|yakv,kv=f32,budget=100000", g);
+  Device cpu(DeviceKind::cpu);
+  AnalysisKv a("oracle,kv=f32,budget=20|yakv,budget=20|yakv,kv=f32,budget=100000", g, cpu);
   run(a, s, 200);
   ASSERT_EQ(a.results().size(), 3u);
   EXPECT_EQ(a.n_decode_queries(), 30);
@@ -391,8 +419,8 @@ TEST(Analysis, OracleScoresPerfectAndBudgetAboveContextIsExact) {
   HeadMetrics full = a.results()[2].total();
   EXPECT_DOUBLE_EQ(full.mean_token_recall(), 1.0);
   EXPECT_LT(full.mean_rel_error(), 1e-5);
-  EXPECT_THROW(AnalysisKvStore("full", g), Error);
-  EXPECT_THROW(make_kv_store("analyze:yakv||oracle", g), Error);
+  EXPECT_THROW(AnalysisKv("full", g, cpu), Error);
+  EXPECT_THROW(AnalysisKv("yakv||oracle", g, cpu), Error);
 }
 
 }  // namespace

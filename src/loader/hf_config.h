@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "model/config.h"
+#include "kvtier/model_config.h"
 
 namespace kvtier {
 

@@ -1,5 +1,7 @@
 #include "loader/model_source.h"
 
+#include "loader/model_shapes.h"
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -284,6 +286,11 @@ void validate(const ModelSource& src) {
 ModelSource open_model_source(const std::string& path) {
   ModelSource src;
   src.path = path;
+  if (path.rfind(kShapePrefix, 0) == 0) {
+    src.config = model_shape(path.substr(std::string(kShapePrefix).size()));
+    src.shape_only = true;
+    return src;
+  }
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
     load_hf_dir(path, &src);

@@ -15,7 +15,7 @@
 #include "core/ggml_type.h"
 #include "loader/gguf.h"
 #include "loader/mapped_file.h"
-#include "model/config.h"
+#include "kvtier/model_config.h"
 
 namespace kvtier {
 
@@ -39,13 +39,15 @@ struct ModelSource {
   std::string tokenizer_config_json;
   std::string generation_config_json;
   std::vector<int> eos_token_ids;  // from generation_config.json / config.json when present
+  bool shape_only = false;         // "shape:NAME": a configuration without weights (loader/model_shapes.h)
 
   // Throws kvtier::Error naming the tensor when missing.
   const TensorRef& tensor(const std::string& name) const;
   const TensorRef* find(const std::string& name) const;
 };
 
-// `path` is a .gguf file or a directory with config.json and *.safetensors.
+// `path` is a .gguf file, a directory with config.json and *.safetensors, or
+// "shape:NAME" (a named configuration without weights: loader/model_shapes.h).
 // Validates that every tensor the architecture needs is present with the
 // expected shape; throws kvtier::Error otherwise.
 ModelSource open_model_source(const std::string& path);

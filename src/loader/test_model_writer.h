@@ -11,7 +11,7 @@
 
 #include "core/ggml_type.h"
 #include "loader/gguf.h"
-#include "model/config.h"
+#include "kvtier/model_config.h"
 
 namespace kvtier {
 

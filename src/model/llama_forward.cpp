@@ -23,12 +23,16 @@ void add_bias(float* y, const std::vector<float>& b, int n_tok) {
 
 }  // namespace
 
-void Model::forward(const int32_t* tokens, int n_tok, int64_t pos0, KvStore& kv, ForwardScratch& s,
+void Model::forward(const int32_t* tokens, int n_tok, int64_t pos0, KvCache& kv, ForwardScratch& s,
                     int n_logits, float* logits) const {
   const ModelConfig& c = source_.config;
   KVT_CHECK(n_tok > 0 && n_tok <= s.capacity, "forward: {} tokens, scratch holds {}", n_tok,
             s.capacity);
   KVT_CHECK(n_logits >= 0 && n_logits <= n_tok, "forward: n_logits {} out of [0, {}]", n_logits, n_tok);
+  KVT_CHECK(kv.plan().device == DeviceKind::cpu, "forward: the KV cache lives on {}", device_name(kv.plan().device));
+  KVT_CHECK(!source_.shape_only, "{}: a model shape has no weights; it runs with random weights on the GPU "
+            "(--device cuda)", source_.path);
+  kv.begin_step(n_tok);
   ThreadPool& pool = default_pool();
   const int E = c.n_embd, hd = c.head_dim;
   const int q_dim = c.n_head * hd, kv_dim = c.n_kv_head * hd;
@@ -58,8 +62,8 @@ void Model::forward(const int32_t* tokens, int n_tok, int64_t pos0, KvStore& kv,
     std::memcpy(s.k_pre.data(), s.k.data(), sizeof(float) * size_t(n_tok) * kv_dim);
     rope_->apply(s.q.data(), n_tok, c.n_head, s.positions.data());
     rope_->apply(s.k.data(), n_tok, c.n_kv_head, s.positions.data());
-    kv.append(l, s.k_pre.data(), s.k.data(), s.v.data(), n_tok);
-    kv.attend(l, s.q.data(), n_tok, att_scale, s.att.data());  // att: [n_tok, n_head, hd]
+    kv.append(l, s.k_pre.data(), s.k.data(), s.v.data(), kv_dim, n_tok);
+    kv.attend(l, s.q.data(), q_dim, n_tok, att_scale, s.att.data());  // att: [n_tok, n_head, hd]
     matmul(L.wo, s.att.data(), n_tok, s.xb.data(), pool);
     for (size_t i = 0; i < size_t(n_tok) * E; ++i) s.x[i] += s.xb[i];
 
@@ -76,7 +80,6 @@ void Model::forward(const int32_t* tokens, int n_tok, int64_t pos0, KvStore& kv,
   float* last = &s.x[size_t(n_tok - n_logits) * E];  // [n_logits, n_embd]
   rmsnorm(last, output_norm_.data(), n_logits, E, c.rms_eps, last);
   matmul(output_, last, n_logits, logits, pool);  // [n_logits, n_vocab]
-  (void)q_dim;
 }
 
 }  // namespace kvtier

@@ -6,9 +6,10 @@
 #include <memory>
 #include <vector>
 
+#include "kv/kv_cache.h"
 #include "kv/kv_store.h"
 #include "loader/model_source.h"
-#include "model/config.h"
+#include "kvtier/model_config.h"
 #include "ops/matmul/matmul.h"
 #include "ops/rope/rope.h"
 
@@ -41,9 +42,10 @@ class Model {
   ForwardScratch make_scratch(int capacity) const;
 
   // Runs tokens [n_tok] at positions [pos0, pos0 + n_tok) through every layer,
-  // appending their keys/values to `kv`. logits: [n_logits, n_vocab] for the
-  // last n_logits tokens (0: none, e.g. for prompt chunks before the last).
-  void forward(const int32_t* tokens, int n_tok, int64_t pos0, KvStore& kv, ForwardScratch& s,
+  // appending their keys/values to `kv` (a CPU cache). logits: [n_logits,
+  // n_vocab] for the last n_logits tokens (0: none, e.g. for prompt chunks
+  // before the last).
+  void forward(const int32_t* tokens, int n_tok, int64_t pos0, KvCache& kv, ForwardScratch& s,
                int n_logits, float* logits) const;
 
  private:

@@ -53,6 +53,10 @@ Model::Model(ModelSource source) : source_(std::move(source)) {
             "{}: inconsistent heads (n_head {}, n_kv_head {}, head_dim {})", source_.path, c.n_head,
             c.n_kv_head, c.head_dim);
   const int64_t q_dim = int64_t(c.n_head) * c.head_dim, kv_dim = int64_t(c.n_kv_head) * c.head_dim;
+  if (source_.shape_only) {  // no weights: the GPU model makes random ones (speed runs)
+    rope_ = std::make_unique<Rope>(c);
+    return;
+  }
   layers_.resize(size_t(c.n_layer));
   for (int l = 0; l < c.n_layer; ++l) {
     auto name = [l](const char* what) { return fmt::format("blk.{}.{}", l, what); };
@@ -96,6 +100,8 @@ KvGeometry Model::kv_geometry() const {
   g.apply_rope = [rope, n_kv_head](float* k, const int64_t* pos, int64_t n) {
     rope->apply(k, n, n_kv_head, pos);
   };
+  g.rope_inv_freq = rope->inv_freq();
+  g.rope_interleaved = c.rope_interleaved;
   return g;
 }
 

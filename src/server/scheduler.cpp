@@ -272,7 +272,7 @@ void Scheduler::step_round(std::vector<Active>& active) {
 
   int64_t gpu = 0, host = 0;
   for (auto& a : active) {
-    const KvMemory m = a.sequence->kv().memory();
+    const KvMemory m = a.sequence->kv_memory();
     gpu += m.gpu_bytes;
     host += m.host_bytes;
   }

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/status.h"
 #include "kvtier/engine.h"
 
 namespace kvtier::server {

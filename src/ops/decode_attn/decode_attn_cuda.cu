@@ -27,10 +27,14 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
 
+// Slots of the row of sequence `seq`.
+__device__ __forceinline__ int64_t row_tokens(const DecodeAttnParams& p, int seq) {
+  return p.n_tok ? p.n_tok[int64_t(seq) * p.n_tok_stride] : p.n_tok_fixed;
+}
+
 template <KvElt E, int G, int D>
 __global__ void __launch_bounds__(kThreads, 2) decode_attn_kernel(DecodeAttnParams p, const __nv_bfloat16* __restrict__ q,
-                                                               const uint8_t* __restrict__ k,
-                                                               const uint8_t* __restrict__ v,
+                                                               const uint8_t* const* __restrict__ rows,
                                                                const int32_t* __restrict__ idx,
                                                                float* __restrict__ part_out,
                                                                float* __restrict__ part_lse) {
@@ -58,11 +62,12 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attn_kernel(DecodeAttnPara
       qf[kk][1] = qf[kk][3] = 0u;
     }
   }
-  const int64_t chunk = (p.n_tok + p.n_split - 1) / p.n_split;
-  const int64_t j0 = int64_t(blockIdx.x) * chunk, j1 = min(p.n_tok, j0 + chunk);
+  const int64_t n_row = row_tokens(p, seq);
+  const int64_t chunk = (n_row + p.n_split - 1) / p.n_split;
+  const int64_t j0 = int64_t(blockIdx.x) * chunk, j1 = min(n_row, j0 + chunk);
   const int n_tiles = j1 > j0 ? int((j1 - j0 + kTile - 1) / kTile) : 0;
-  const uint8_t* kr = k + r * p.row_stride;
-  const uint8_t* vr = v + r * p.row_stride;
+  const uint8_t* kr = rows[r];
+  const uint8_t* vr = rows[r] + p.v_offset;
   const int32_t* ir = idx ? idx + r * p.idx_stride : nullptr;
 
   // Issues the copies of tile `t` into stage `st`; returns its valid-token mask.
@@ -240,6 +245,76 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attn_kernel(DecodeAttnPara
   }
 }
 
+// The general case (head_dim 256, GQA groups the tensor-core kernel has no
+// instance for): one warp per query head, lanes over the head's dimensions,
+// online softmax over the split's slots.
+template <KvElt E, int D>
+__global__ void __launch_bounds__(128) decode_attn_generic_kernel(DecodeAttnParams p,
+                                                                  const __nv_bfloat16* __restrict__ q,
+                                                                  const uint8_t* const* __restrict__ rows,
+                                                                  const int32_t* __restrict__ idx,
+                                                                  float* __restrict__ part_out,
+                                                                  float* __restrict__ part_lse) {
+  constexpr int PL = D / 32;  // values per lane
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int group = p.n_head / p.n_kv_head;
+  const int g = blockIdx.z * 4 + warp;
+  if (g >= group) return;
+  const int64_t r = blockIdx.y;
+  const int seq = int(r / p.n_kv_head), kvh = int(r % p.n_kv_head);
+  const int64_t qh = int64_t(seq) * p.n_head + int64_t(kvh) * group + g;
+  float qv[PL], acc[PL];
+#pragma unroll
+  for (int i = 0; i < PL; ++i) {
+    qv[i] = __bfloat162float(q[qh * D + lane * PL + i]) * p.scale;
+    acc[i] = 0.f;
+  }
+  const int64_t n_row = row_tokens(p, seq);
+  const int64_t chunk = (n_row + p.n_split - 1) / p.n_split;
+  const int64_t j0 = int64_t(blockIdx.x) * chunk, j1 = min(n_row, j0 + chunk);
+  const uint8_t* kr = rows[r];
+  const uint8_t* vr = rows[r] + p.v_offset;
+  const int32_t* ir = idx ? idx + r * p.idx_stride : nullptr;
+  float m = -INFINITY, l = 0.f;
+  for (int64_t j = j0; j < j1; ++j) {
+    const int64_t slot = ir ? ir[j] : j;
+    if (slot < 0) continue;
+    float kf[PL], vf[PL];
+    const uint8_t* kp = kr + slot * p.tok_stride;
+    const uint8_t* vp = vr + slot * p.tok_stride;
+#pragma unroll
+    for (int i = 0; i < PL; ++i) {
+      const int d = lane * PL + i;
+      if constexpr (E == KvElt::fp8) {
+        __nv_fp8_e4m3 a, b;
+        a.__x = kp[d];
+        b.__x = vp[d];
+        kf[i] = float(a);
+        vf[i] = float(b);
+      } else {
+        kf[i] = __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(kp)[d]);
+        vf[i] = __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(vp)[d]);
+      }
+    }
+    float sc = 0.f;
+#pragma unroll
+    for (int i = 0; i < PL; ++i) sc += qv[i] * kf[i];
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sc += __shfl_xor_sync(0xffffffffu, sc, off);
+    const float m_new = fmaxf(m, sc);
+    const float corr = __expf(m - m_new), e = __expf(sc - m_new);
+    l = l * corr + e;
+#pragma unroll
+    for (int i = 0; i < PL; ++i) acc[i] = acc[i] * corr + e * vf[i];
+    m = m_new;
+  }
+  const int64_t n_qh = int64_t(p.n_seq) * p.n_head;
+  const int64_t part = p.part0 + blockIdx.x;
+#pragma unroll
+  for (int i = 0; i < PL; ++i) part_out[(part * n_qh + qh) * D + lane * PL + i] = l > 0.f ? acc[i] / l : 0.f;
+  if (lane == 0) part_lse[part * n_qh + qh] = l > 0.f ? m + __logf(l) : -INFINITY;
+}
+
 __global__ void attn_merge_kernel(int n_part, int64_t n_qh, int head_dim, const float* __restrict__ part_out,
                                   const float* __restrict__ part_lse, __nv_bfloat16* out_bf16, float* out_f32,
                                   float* lse) {
@@ -264,38 +339,45 @@ __global__ void attn_merge_kernel(int n_part, int64_t n_qh, int head_dim, const 
 }
 
 template <KvElt E, int G, int D>
-void launch(const DecodeAttnParams& p, const void* q, const uint8_t* k, const uint8_t* v, const int32_t* idx,
+void launch(const DecodeAttnParams& p, const void* q, const uint8_t* const* rows, const int32_t* idx,
             float* po, float* pl, cudaStream_t s) {
-  const dim3 grid(unsigned(p.n_split), unsigned(p.n_seq * p.n_kv_head));
+  const dim3 grid{unsigned(p.n_split), unsigned(p.n_seq * p.n_kv_head)};
   const int smem = kWarps * 4 * kTile * D * 2;
   static const bool configured = [smem] {  // once per instance: the decode step launches it every layer
     KVT_CUDA_CHECK(cudaFuncSetAttribute(decode_attn_kernel<E, G, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     return true;
   }();
   (void)configured;
-  decode_attn_kernel<E, G, D><<<grid, kThreads, smem, s>>>(p, static_cast<const __nv_bfloat16*>(q), k, v, idx, po, pl);
+  decode_attn_kernel<E, G, D><<<grid, kThreads, smem, s>>>(p, static_cast<const __nv_bfloat16*>(q), rows, idx, po, pl);
   KVT_CUDA_LAUNCH_CHECK("decode_attn_kernel");
 }
 
 template <KvElt E, int D>
-void dispatch_group(const DecodeAttnParams& p, const void* q, const uint8_t* k, const uint8_t* v,
-                    const int32_t* idx, float* po, float* pl, cudaStream_t s) {
+void launch_generic(const DecodeAttnParams& p, const void* q, const uint8_t* const* rows, const int32_t* idx,
+                    float* po, float* pl, cudaStream_t s) {
+  const int group = p.n_head / p.n_kv_head;
+  const dim3 grid{unsigned(p.n_split), unsigned(p.n_seq * p.n_kv_head), unsigned((group + 3) / 4)};
+  decode_attn_generic_kernel<E, D><<<grid, 128, 0, s>>>(p, static_cast<const __nv_bfloat16*>(q), rows, idx, po, pl);
+  KVT_CUDA_LAUNCH_CHECK("decode_attn_generic_kernel");
+}
+
+template <KvElt E, int D>
+void dispatch_group(const DecodeAttnParams& p, const void* q, const uint8_t* const* rows, const int32_t* idx,
+                    float* po, float* pl, cudaStream_t s) {
   switch (p.n_head / p.n_kv_head) {
-    case 1: return launch<E, 1, D>(p, q, k, v, idx, po, pl, s);
-    case 2: return launch<E, 2, D>(p, q, k, v, idx, po, pl, s);
-    case 3: return launch<E, 3, D>(p, q, k, v, idx, po, pl, s);
-    case 4: return launch<E, 4, D>(p, q, k, v, idx, po, pl, s);
-    case 8: return launch<E, 8, D>(p, q, k, v, idx, po, pl, s);
-    default: fail("decode_attn (CUDA): GQA group {} unsupported (1, 2, 3, 4, 8)", p.n_head / p.n_kv_head);
+    case 1: return launch<E, 1, D>(p, q, rows, idx, po, pl, s);
+    case 2: return launch<E, 2, D>(p, q, rows, idx, po, pl, s);
+    case 3: return launch<E, 3, D>(p, q, rows, idx, po, pl, s);
+    case 4: return launch<E, 4, D>(p, q, rows, idx, po, pl, s);
+    case 5: return launch<E, 5, D>(p, q, rows, idx, po, pl, s);
+    case 6: return launch<E, 6, D>(p, q, rows, idx, po, pl, s);
+    case 7: return launch<E, 7, D>(p, q, rows, idx, po, pl, s);
+    case 8: return launch<E, 8, D>(p, q, rows, idx, po, pl, s);
+    default: return launch_generic<E, D>(p, q, rows, idx, po, pl, s);
   }
 }
 
 }  // namespace
-
-bool decode_attn_supports(int head_dim, int group) {
-  const bool group_ok = group == 1 || group == 2 || group == 3 || group == 4 || group == 8;
-  return (head_dim == 64 || head_dim == 128) && group_ok;
-}
 
 int decode_attn_splits(int64_t n_rows, int64_t n_tok, int64_t min_tokens) {
   // One wave of blocks (kBlocksPerSm per SM): 8 warps per SM, each with a
@@ -305,35 +387,40 @@ int decode_attn_splits(int64_t n_rows, int64_t n_tok, int64_t min_tokens) {
   return int(std::max<int64_t>(1, std::min(want, cap)));
 }
 
-void decode_attn(const DecodeAttnParams& p, const void* q_bf16, const uint8_t* k, const uint8_t* v,
-                 const int32_t* idx, float* part_out, float* part_lse, cudaStream_t s) {
-  KVT_CHECK(decode_attn_supports(p.head_dim, 1), "decode_attn (CUDA): head_dim {} unsupported (64 or 128)", p.head_dim);
+void decode_attn(const Exec& x, const DecodeAttnParams& p, const void* q_bf16, const uint8_t* const* rows,
+                 const int32_t* idx, float* part_out, float* part_lse) {
+  KVT_CHECK(p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256,
+            "decode_attn (CUDA): head_dim {} unsupported (64, 128 or 256)", p.head_dim);
   KVT_CHECK(p.n_kv_head > 0 && p.n_head % p.n_kv_head == 0, "decode_attn: n_head {} vs n_kv_head {}", p.n_head,
             p.n_kv_head);
   KVT_CHECK(p.n_split >= 1, "decode_attn: n_split {} < 1", p.n_split);
-  const int64_t align = 16;  // cp.async moves 16-byte chunks
-  KVT_CHECK(p.row_stride % align == 0 && p.tok_stride % align == 0 &&
-                reinterpret_cast<uintptr_t>(k) % align == 0 && reinterpret_cast<uintptr_t>(v) % align == 0,
-            "decode_attn: K/V rows must be {}-byte aligned (row_stride {}, tok_stride {})", align, p.row_stride,
-            p.tok_stride);
+  KVT_CHECK(p.elt != KvElt::f32, "decode_attn (CUDA): f32 slots are the CPU's (the GPU reads bf16 or fp8)");
+  KVT_CHECK(p.tok_stride % 16 == 0 && p.v_offset % 16 == 0,
+            "decode_attn: K/V slots must be 16-byte aligned (tok_stride {}, v_offset {})", p.tok_stride, p.v_offset);
+  if (p.n_seq == 0) return;
+  const cudaStream_t s = static_cast<cudaStream_t>(x.stream);
   // The one dispatch switch from (element type, head_dim) to the kernel; the
   // GQA group is the next switch (dispatch_group).
   const bool bf16 = p.elt == KvElt::bf16;
-  if (p.head_dim == 64) {
-    if (bf16) dispatch_group<KvElt::bf16, 64>(p, q_bf16, k, v, idx, part_out, part_lse, s);
-    else dispatch_group<KvElt::fp8, 64>(p, q_bf16, k, v, idx, part_out, part_lse, s);
+  if (p.head_dim == 256) {
+    if (bf16) launch_generic<KvElt::bf16, 256>(p, q_bf16, rows, idx, part_out, part_lse, s);
+    else launch_generic<KvElt::fp8, 256>(p, q_bf16, rows, idx, part_out, part_lse, s);
+  } else if (p.head_dim == 64) {
+    if (bf16) dispatch_group<KvElt::bf16, 64>(p, q_bf16, rows, idx, part_out, part_lse, s);
+    else dispatch_group<KvElt::fp8, 64>(p, q_bf16, rows, idx, part_out, part_lse, s);
   } else {
-    if (bf16) dispatch_group<KvElt::bf16, 128>(p, q_bf16, k, v, idx, part_out, part_lse, s);
-    else dispatch_group<KvElt::fp8, 128>(p, q_bf16, k, v, idx, part_out, part_lse, s);
+    if (bf16) dispatch_group<KvElt::bf16, 128>(p, q_bf16, rows, idx, part_out, part_lse, s);
+    else dispatch_group<KvElt::fp8, 128>(p, q_bf16, rows, idx, part_out, part_lse, s);
   }
 }
 
-void attn_merge(int n_part, int64_t n_qh, int head_dim, const float* part_out, const float* part_lse,
-                void* out_bf16, float* out_f32, float* lse, cudaStream_t s) {
+void attn_merge(const Exec& x, int n_part, int64_t n_qh, int head_dim, const float* part_out, const float* part_lse,
+                void* out, bool out_f32, float* lse) {
   KVT_CHECK(head_dim > 0 && head_dim <= 1024, "attn_merge: head_dim {} out of range", head_dim);
   if (n_qh == 0) return;
-  attn_merge_kernel<<<unsigned(n_qh), unsigned((head_dim + 31) / 32 * 32), 0, s>>>(
-      n_part, n_qh, head_dim, part_out, part_lse, static_cast<__nv_bfloat16*>(out_bf16), out_f32, lse);
+  attn_merge_kernel<<<unsigned(n_qh), unsigned((head_dim + 31) / 32 * 32), 0, static_cast<cudaStream_t>(x.stream)>>>(
+      n_part, n_qh, head_dim, part_out, part_lse, out_f32 ? nullptr : static_cast<__nv_bfloat16*>(out),
+      out_f32 ? static_cast<float*>(out) : nullptr, lse);
   KVT_CUDA_LAUNCH_CHECK("attn_merge_kernel");
 }
 

@@ -9,11 +9,16 @@
 // .trans for V) is conflict-free. The blocks of one query tile run for all
 // heads back to back (heads on blockIdx.x) so a GQA group's K/V tile is read
 // from L2; heavy (late) query tiles are scheduled first.
+// This file also holds the checks and the dispatch between this kernel and the
+// Hopper one (flash_prefill_sm90.cu), see FlashPrefillKernel.
 #include <cuda_bf16.h>
+
+#include <atomic>
 
 #include "backend/cuda_backend.h"
 #include "backend/cuda_mma.cuh"
 #include "ops/flash_prefill/flash_prefill_cuda.h"
+#include "ops/flash_prefill/flash_prefill_sm90.h"
 
 namespace kvtier::cuda {
 namespace {
@@ -210,9 +215,54 @@ void launch(const FlashPrefillParams& p, const void* q, const void* k, const voi
   KVT_CUDA_LAUNCH_CHECK("flash_prefill_kernel");
 }
 
+// Compute capability (10·major + minor) of the current device, cached per device.
+int device_cc() {
+  int dev = 0;
+  KVT_CUDA_CHECK(cudaGetDevice(&dev));
+  static std::atomic<int> cache[64] = {};  // 0: not read yet
+  if (dev >= 0 && dev < 64) {
+    if (const int cc = cache[dev].load(std::memory_order_relaxed)) return cc;
+  }
+  int major = 0, minor = 0;
+  KVT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  KVT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  const int cc = 10 * major + minor;
+  if (dev >= 0 && dev < 64) cache[dev].store(cc, std::memory_order_relaxed);
+  return cc;
+}
+
 }  // namespace
 
 bool flash_prefill_supports(int head_dim) { return head_dim == 64 || head_dim == 128; }
+
+bool flash_prefill_kernel_available(FlashPrefillKernel kernel, int head_dim) {
+  switch (kernel) {
+    case FlashPrefillKernel::automatic:
+    case FlashPrefillKernel::mma_sync:
+      return flash_prefill_supports(head_dim);
+    case FlashPrefillKernel::wgmma:
+    case FlashPrefillKernel::wgmma_serial:
+      // sm_90a machine code runs on compute capability 9.0 only.
+      return head_dim == 128 && flash_prefill_sm90_built() && device_cc() == 90;
+  }
+  return false;
+}
+
+FlashPrefillKernel flash_prefill_resolve(FlashPrefillKernel kernel, int head_dim) {
+  if (kernel != FlashPrefillKernel::automatic) return kernel;
+  return flash_prefill_kernel_available(FlashPrefillKernel::wgmma, head_dim) ? FlashPrefillKernel::wgmma
+                                                                             : FlashPrefillKernel::mma_sync;
+}
+
+const char* flash_prefill_kernel_name(FlashPrefillKernel kernel) {
+  switch (kernel) {
+    case FlashPrefillKernel::automatic: return "automatic";
+    case FlashPrefillKernel::mma_sync: return "mma_sync";
+    case FlashPrefillKernel::wgmma: return "wgmma";
+    case FlashPrefillKernel::wgmma_serial: return "wgmma_serial";
+  }
+  return "?";
+}
 
 void flash_prefill(const FlashPrefillParams& p, const void* q, const void* k, const void* v, void* out,
                    cudaStream_t s) {
@@ -225,6 +275,14 @@ void flash_prefill(const FlashPrefillParams& p, const void* q, const void* k, co
   const auto aligned = [](const void* x) { return reinterpret_cast<uintptr_t>(x) % 16 == 0; };
   KVT_CHECK(aligned(q) && aligned(k) && aligned(v) && aligned(out), "flash_prefill: q, k, v, out must be 16-byte aligned");
   if (p.n_q == 0) return;
+  const FlashPrefillKernel kernel = flash_prefill_resolve(p.kernel, p.head_dim);
+  if (kernel == FlashPrefillKernel::wgmma || kernel == FlashPrefillKernel::wgmma_serial) {
+    KVT_CHECK(flash_prefill_kernel_available(kernel, p.head_dim),
+              "flash_prefill: the {} kernel needs head_dim 128 (got {}), a compute capability 9.0 GPU and a build "
+              "with the sm_90a target (CMAKE_CUDA_ARCHITECTURES=90a)",
+              flash_prefill_kernel_name(kernel), p.head_dim);
+    return flash_prefill_sm90(p, q, k, v, out, kernel == FlashPrefillKernel::wgmma, s);
+  }
   // The one dispatch switch from the runtime head_dim to the kernel's tile width.
   switch (p.head_dim) {
     case 64: return launch<64>(p, q, k, v, out, s);

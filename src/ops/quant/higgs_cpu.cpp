@@ -28,7 +28,9 @@ int nearest_point_fast(const HiggsGrid& grid, const float* u) {
     float best_s = -INFINITY;
     for (int c = 0; c < n; ++c) {
       float s = -grid.half_norm2[size_t(c)];
-      for (int k = 0; k < d; ++k) s += u[k] * grid.points_t[size_t(k) * n + c];
+      // One FMA per coordinate, in order, like the AVX2 loop below (left to the
+      // compiler, gcc fuses some and not others once it vectorizes over k).
+      for (int k = 0; k < d; ++k) s = std::fma(u[k], grid.points_t[size_t(k) * n + c], s);
       if (s > best_s) best_s = s, best = c;
     }
     return best;

@@ -248,4 +248,10 @@ void score(const QuantSpec& spec, const float* q, const uint8_t* codes, int64_t 
   score(spec, p);
 }
 
+bool same_format(const QuantSpec& a, const QuantSpec& b) {
+  return a.kind == b.kind && a.bits == b.bits && a.group == b.group && a.grid_dim == b.grid_dim &&
+         a.grid_size == b.grid_size && a.random_signs == b.random_signs &&
+         (!a.random_signs || a.sign_seed == b.sign_seed);
+}
+
 }  // namespace kvtier

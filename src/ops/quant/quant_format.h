@@ -70,6 +70,9 @@ struct QuantSpec {
 
 // Throws kvtier::Error naming the string and what was expected.
 QuantSpec parse_quant_spec(const std::string& text);
+inline QuantSpec bf16_spec() { return QuantSpec{}; }
+// Same format (tensor_scale aside).
+bool same_format(const QuantSpec& a, const QuantSpec& b);
 // Canonical string; parse_quant_spec(to_string(s)) == s (tensor_scale aside).
 std::string to_string(const QuantSpec& spec);
 // Average bits per value of one vector of `dim` values, scales included.

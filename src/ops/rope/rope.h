@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/config.h"
+#include "kvtier/model_config.h"
 
 namespace kvtier {
 

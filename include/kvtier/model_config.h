@@ -1,4 +1,4 @@
-// Hyper-parameters of a Llama-family decoder, filled by the loader from GGUF
+// Public: hyper-parameters of a Llama-family decoder, filled by the loader from GGUF
 // metadata or a Hugging Face config.json.
 #pragma once
 #include <cstdint>

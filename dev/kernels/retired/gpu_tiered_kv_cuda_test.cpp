@@ -115,9 +115,9 @@ TEST_P(GpuTieredKvCuda, DecodeMatchesTheCpuStore) {
   EXPECT_LT(worst, 0.2);
   const KvMemory m = gpu.memory();
   const int64_t n = c.n_prompt + c.n_steps;
-  const int64_t tok_bytes = pc.kv == "fp8" || pc.kv == "bf16"
-                                ? g.n_kv_head * kv_entry_bytes(pc.kv == "fp8" ? KvElt::fp8 : KvElt::bf16, 128)
-                                : higgs_record_layout(pc.kv, W).tok_bytes;
+  const bool plain = pc.kv.kind == QuantKind::fp8 || pc.kv.kind == QuantKind::bf16;
+  const int64_t tok_bytes = plain ? g.n_kv_head * kv_entry_bytes(pc.kv.kind == QuantKind::fp8 ? KvElt::fp8 : KvElt::bf16, 128)
+                                  : higgs_record_layout(to_string(pc.kv), W).tok_bytes;
   EXPECT_EQ(m.host_bytes, n * g.n_layer * tok_bytes);
   EXPECT_GT(m.gpu_bytes, n * g.n_layer * g.n_kv_head * 34);
 }

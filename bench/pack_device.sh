@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Packs the CUDA build's binaries and the shared libraries they need that a
+# bare CUDA image lacks (Debian's fmt, OpenBLAS, PCRE2, ...) into
+# .device/pack.tar.xz (git-ignored), for bench/gpu_run.sh on the GPU machine:
+#   bench/pack_device.sh [BUILD_DIR]         here
+#   tar -xJf .device/pack.tar.xz -C .device   there (gpu_run.sh does it)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+B=${1:-build-cuda}
+rm -rf .device/stage && mkdir -p .device/stage/bin .device/stage/lib
+cp "$B/kvt_cuda_tests" "$B/tools/kvtier" .device/stage/bin/
+[ -f "$B/src/ops/kvt_flash_prefill_bench" ] && cp "$B/src/ops/kvt_flash_prefill_bench" .device/stage/bin/
+strip .device/stage/bin/*
+for b in .device/stage/bin/*; do
+  ldd "$b" | awk '/=> \// {print $3}' |
+    grep -E 'libfmt|libopenblas|libblas|liblapack|libpcre2|libgfortran|libquadmath|libboost|liblzma|libgomp|libcpp-httplib|libbrotli' || true
+done | sort -u | while read -r lib; do cp -L "$lib" .device/stage/lib/; done
+tar -C .device/stage -cJf .device/pack.tar.xz bin lib
+rm -rf .device/stage
+ls -la .device/pack.tar.xz

@@ -1,0 +1,112 @@
+// Device, Buffer and the stream verbs: the CPU side here, the CUDA side in
+// device_cuda.cu (the one place that chooses between them, STYLE rule 14).
+#include "backend/device.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "backend/device_cuda.h"
+#include "core/status.h"
+
+namespace kvtier {
+
+const char* device_name(DeviceKind kind) { return kind == DeviceKind::cuda ? "cuda" : "cpu"; }
+
+Buffer::Buffer(DeviceKind dev, MemKind mem, size_t bytes) : bytes_(bytes), dev_(dev), mem_(mem) {
+  if (bytes == 0) return;
+  if (dev == DeviceKind::cpu) {
+    // 64-byte aligned (vector loads, cache lines), zeroed by calloc's pages.
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    data_ = std::aligned_alloc(64, rounded);
+    if (!data_)
+      throw LimitError(fmt::format("out of host memory: allocating {:.3f} GiB failed", double(bytes) / (1ull << 30)));
+    std::memset(data_, 0, rounded);
+    if (mem == MemKind::host) host_ = data_;
+    return;
+  }
+  if (mem == MemKind::device) {
+    data_ = cuda_dev::malloc_device(bytes);
+  } else {
+    data_ = cuda_dev::malloc_host(bytes, &host_);
+  }
+}
+
+void Buffer::release() {
+  if (!data_) return;
+  if (dev_ == DeviceKind::cpu) std::free(data_);
+  else if (mem_ == MemKind::device) cuda_dev::free_device(data_);
+  else cuda_dev::free_host(host_);
+  data_ = host_ = nullptr;
+  bytes_ = 0;
+}
+
+Buffer::~Buffer() { release(); }
+
+Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  if (this != &o) {
+    release();
+    data_ = std::exchange(o.data_, nullptr);
+    host_ = std::exchange(o.host_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+    dev_ = o.dev_;
+    mem_ = o.mem_;
+  }
+  return *this;
+}
+
+Device::Device(DeviceKind kind) {
+  exec_.kind = kind;
+  if (kind == DeviceKind::cuda) cuda_dev::create(exec_);
+}
+
+Device::~Device() {
+  if (exec_.kind == DeviceKind::cuda) cuda_dev::destroy(exec_);
+}
+
+std::pair<size_t, size_t> Device::mem_info() const {
+  if (kind() == DeviceKind::cuda) return cuda_dev::mem_info();
+  const long pages = sysconf(_SC_AVPHYS_PAGES), total = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+  return {size_t(pages) * size_t(size), size_t(total) * size_t(size)};
+}
+
+void copy(const Exec& x, void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  if (x.cuda()) return cuda_dev::copy(x, dst, src, bytes);
+  std::memmove(dst, src, bytes);
+}
+
+void fill(const Exec& x, void* dst, int byte, size_t bytes) {
+  if (bytes == 0) return;
+  if (x.cuda()) return cuda_dev::fill(x, dst, byte, bytes);
+  std::memset(dst, byte, bytes);
+}
+
+void sync(const Exec& x) {
+  if (x.cuda()) cuda_dev::sync(x);
+}
+void fork(const Exec& x) {
+  if (x.cuda()) cuda_dev::fork(x);
+}
+void join(const Exec& x) {
+  if (x.cuda()) cuda_dev::join(x);
+}
+
+Exec side_exec(const Exec& x) {
+  Exec s = x;
+  if (x.cuda()) std::swap(s.stream, s.side);
+  return s;
+}
+
+void* upload(const Exec& x, Buffer& dst, const void* src, size_t bytes) {
+  if (dst.bytes() < bytes) {
+    if (x.cuda()) sync(x);  // the old table may still be read by queued kernels
+    dst = Buffer(x.kind, MemKind::device, std::max<size_t>(bytes, 2 * dst.bytes()));
+  }
+  copy(x, dst.data(), src, bytes);
+  return dst.data();
+}
+
+}  // namespace kvtier

@@ -1,0 +1,113 @@
+// The CUDA half of device.h.
+#include <cuda_runtime.h>
+
+#include "backend/cuda_backend.h"
+#include "backend/cuda_device.h"
+#include "backend/device_cuda.h"
+
+namespace kvtier::cuda_dev {
+namespace {
+using ::kvtier::cuda_device_count;
+using ::kvtier::cuda_device_summary;
+cudaStream_t st(void* s) { return static_cast<cudaStream_t>(s); }
+cudaEvent_t ev(void* e) { return static_cast<cudaEvent_t>(e); }
+}  // namespace
+
+void* malloc_device(size_t bytes) {
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, bytes);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    throw LimitError(fmt::format("GPU memory: cudaMalloc of {:.3f} GiB failed ({}); {:.3f} GiB free of {:.3f}",
+                                 double(bytes) / (1ull << 30), cudaGetErrorString(err), double(free_b) / (1ull << 30),
+                                 double(total_b) / (1ull << 30)));
+  }
+  return p;
+}
+
+void free_device(void* p) { cudaFree(p); }
+
+void* malloc_host(size_t bytes, void** host) {
+  const cudaError_t err = cudaHostAlloc(host, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    throw LimitError(fmt::format("host memory: cudaHostAlloc of {:.3f} GiB pinned memory failed: {}",
+                                 double(bytes) / (1ull << 30), cudaGetErrorString(err)));
+  }
+  void* dev = nullptr;
+  KVT_CUDA_CHECK(cudaHostGetDevicePointer(&dev, *host, 0));
+  return dev;
+}
+
+void free_host(void* host) { cudaFreeHost(host); }
+
+void create(Exec& x) {
+  KVT_CHECK(cuda_device_count() > 0, "--device cuda: no CUDA device found ({})", cuda_device_summary());
+  cudaStream_t a = nullptr, b = nullptr;
+  cudaEvent_t f = nullptr, j = nullptr;
+  KVT_CUDA_CHECK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+  KVT_CUDA_CHECK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+  KVT_CUDA_CHECK(cudaEventCreateWithFlags(&f, cudaEventDisableTiming));
+  KVT_CUDA_CHECK(cudaEventCreateWithFlags(&j, cudaEventDisableTiming));
+  x.stream = a;
+  x.side = b;
+  x.fork_ev = f;
+  x.join_ev = j;
+}
+
+void destroy(Exec& x) {
+  if (x.stream) cudaStreamSynchronize(st(x.stream));
+  if (x.side) cudaStreamSynchronize(st(x.side));
+  if (x.fork_ev) cudaEventDestroy(ev(x.fork_ev));
+  if (x.join_ev) cudaEventDestroy(ev(x.join_ev));
+  if (x.stream) cudaStreamDestroy(st(x.stream));
+  if (x.side) cudaStreamDestroy(st(x.side));
+  x = Exec{};
+}
+
+std::pair<size_t, size_t> mem_info() {
+  size_t f = 0, t = 0;
+  KVT_CUDA_CHECK(cudaMemGetInfo(&f, &t));
+  return {f, t};
+}
+
+void copy(const Exec& x, void* dst, const void* src, size_t bytes) {
+  KVT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, st(x.stream)));
+}
+
+void fill(const Exec& x, void* dst, int byte, size_t bytes) {
+  KVT_CUDA_CHECK(cudaMemsetAsync(dst, byte, bytes, st(x.stream)));
+}
+
+void sync(const Exec& x) {
+  KVT_CUDA_CHECK(cudaStreamSynchronize(st(x.stream)));
+  if (x.side) KVT_CUDA_CHECK(cudaStreamSynchronize(st(x.side)));
+}
+
+void fork(const Exec& x) {
+  KVT_CUDA_CHECK(cudaEventRecord(ev(x.fork_ev), st(x.stream)));
+  KVT_CUDA_CHECK(cudaStreamWaitEvent(st(x.side), ev(x.fork_ev), 0));
+}
+
+void join(const Exec& x) {
+  KVT_CUDA_CHECK(cudaEventRecord(ev(x.join_ev), st(x.side)));
+  KVT_CUDA_CHECK(cudaStreamWaitEvent(st(x.stream), ev(x.join_ev), 0));
+}
+
+void* event_create() {
+  cudaEvent_t e = nullptr;
+  KVT_CUDA_CHECK(cudaEventCreate(&e));
+  return e;
+}
+void event_destroy(void* e) { cudaEventDestroy(ev(e)); }
+void event_record(const Exec& x, void* e) { KVT_CUDA_CHECK(cudaEventRecord(ev(e), st(x.stream))); }
+void event_sync(void* e) { KVT_CUDA_CHECK(cudaEventSynchronize(ev(e))); }
+float event_ms(void* from, void* to) {
+  float ms = 0;
+  KVT_CUDA_CHECK(cudaEventElapsedTime(&ms, ev(from), ev(to)));
+  return ms;
+}
+
+}  // namespace kvtier::cuda_dev

@@ -1,0 +1,93 @@
+// THE decode step (STYLE "a decode step should read like the algorithm"),
+// one layer, every sequence of a batch, either device:
+//   score the key index → select the top-k chunks (∪ sinks, window, outliers)
+//   → fetch the selected K|V (only slot-cache misses cross PCIe)
+//   ∥ attend to the resident tokens → attend to the fetched ones → merge by LSE.
+// Each stage is one op over all rows (row = sequence · KV head); the state it
+// reads is built once by DecodeBatch (decode_batch.cpp). No allocation, no
+// host synchronization: on CUDA the whole step is kernels on two streams.
+#include "backend/stage_clock.h"
+#include "kv/decode_batch.h"
+#include "ops/decode_attn/decode_attn.h"
+#include "ops/gather/fetch.h"
+#include "ops/index_score/index_rows.h"
+
+namespace kvtier {
+
+void decode_step(DecodeBatch& b, int layer, const void* q, float scale, void* out) {
+  const KvPlan& k = b.plan_;
+  const KvGeometry& g = k.geometry;
+  const Exec& x = b.x_;
+  const LayerRows t = b.rows(layer);
+  const auto* ranges = reinterpret_cast<const StepRanges*>(b.state_.data<uint8_t>() + b.off_ranges_);
+  const int n_seq = b.n_seq(), H = g.n_kv_head, D = g.head_dim;
+  const int64_t n_rows = int64_t(n_seq) * H, n_qh = int64_t(n_seq) * g.n_head;
+  auto* part_out = b.part_out_.data<float>();
+  auto* part_lse = b.part_lse_.data<float>();
+
+  // 0. The resident tokens (sinks, window, outliers) → part 0, on the side stream.
+  stage(x, "index");
+  fork(x);
+  const Exec side = side_exec(x);
+  const int32_t* forced = b.n_out_ ? b.forced(layer) : nullptr;
+  ResidentListParams rl{n_rows, H, k.sink, k.ring, b.n_res_slots_, k.chunk, b.n_out_};
+  resident_list(side, rl, forced, ranges, b.res_list_.data<int32_t>());
+  DecodeAttnParams ra{n_seq, g.n_head, H, D, scale, k.resident_elt};
+  ra.tok_stride = 2 * int64_t(D) * kv_elt_bytes(k.resident_elt);
+  ra.v_offset = int64_t(D) * kv_elt_bytes(k.resident_elt);
+  ra.idx_stride = ra.n_tok_fixed = ra.n_tok_max = b.n_res_slots_;
+  decode_attn(side, ra, q, t.resident, b.res_list_.data<int32_t>(), part_out, part_lse);
+
+  // 1. Score the key index: the group's mean query against the candidates, or
+  //    (gqa=shadowkv) each query against every chunk, then softmax-max.
+  const int group = g.n_head / H;
+  const bool per_query = k.policy.gqa == GqaMode::shadowkv && group > 1;
+  IndexQueryParams iq{n_seq, g.n_head, H, D, !per_query, k.rotate_group, b.signs()};
+  index_query_rows(x, iq, q, b.qidx_.data<float>());
+  ScoreRowsParams sp = b.score_params(per_query ? group : 1, scale);
+  sp.seq_scales = b.index_scales(layer);
+  sp.candidates_only = !per_query;
+  float* cand = per_query ? b.agg_.data<float>() : b.scores_.data<float>();
+  score_rows(x, sp, b.qidx_.data<float>(), t.plane0, t.plane1, ranges, b.scores_.data<float>());
+  if (per_query)
+    gqa_rows(x, {n_seq, H, group, b.score_stride_, b.score_stride_, b.gqa_scratch_.data()}, b.scores_.data<float>(),
+             ranges, cand);
+
+  // 2. Select: outlier chunks out of the race, the top-k chunks, their tokens.
+  stage(x, "select");
+  if (forced) mask_rows(x, n_rows, H, b.score_stride_, b.n_out_, forced, ranges, cand);
+  topk_rows(x, n_rows, H, b.score_stride_, b.kmax_chunk_, cand, ranges, b.chunks_.data<int32_t>());
+  const int32_t* sel = b.chunks_.data<int32_t>();
+  if (k.chunk > 1 || forced) {
+    ExpandRowsParams ep{n_rows, H, b.kmax_chunk_, k.chunk, k.sink, b.n_out_};
+    expand_rows(x, ep, sel, forced, ranges, b.toks_.data<int32_t>());
+    sel = b.toks_.data<int32_t>();
+  }
+  b.last_sel_ = sel;
+  b.last_sel_width_ = sel == b.chunks_.data<int32_t>() ? b.kmax_chunk_ : b.kmax_tok_;
+
+  // 3. Fetch the selected K|V (the slot cache keeps what earlier steps read).
+  stage(x, "fetch");
+  FetchView view;
+  FetchParams fp = b.fetch_params();
+  fp.seq_scales = b.seq_scales(layer);
+  fetch_rows(x, fp, sel, b.fetch_rows(t), b.view_rows(), &view);
+
+  // 4. Attend to the fetched tokens → parts 1..n_split.
+  stage(x, "attend");
+  DecodeAttnParams fa{n_seq, g.n_head, H, D, scale, view.elt};
+  fa.tok_stride = view.tok_stride;
+  fa.v_offset = view.v_offset;
+  fa.idx_stride = fa.n_tok_fixed = fa.n_tok_max = b.kmax_tok_;
+  fa.n_split = b.n_split_;
+  fa.part0 = 1;
+  decode_attn(x, fa, q, view.rows, view.idx, part_out, part_lse);
+
+  // 5. Merge with the resident part by log-sum-exp.
+  stage(x, "merge");  // waits for the resident part, if it has not finished
+  join(x);
+  attn_merge(x, 1 + b.n_split_, n_qh, D, part_out, part_lse, out, false, nullptr);
+  stage(x, "model");
+}
+
+}  // namespace kvtier

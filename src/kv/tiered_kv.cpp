@@ -1,0 +1,428 @@
+#include "kv/tiered_kv.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/half.h"
+#include "core/status.h"
+#include "kv/decode_batch.h"
+#include "ops/attention/prefill_attention.h"
+#include "ops/gemm/svd_gemm.h"
+#include "ops/kv_append/kv_write.h"
+#include "ops/quant/hadamard.h"
+#include "ops/quant/higgs_grid.h"
+#include "ops/quant/quant_format.h"
+
+namespace kvtier {
+namespace {
+
+int64_t pad16(int64_t b) { return (b + 15) / 16 * 16; }
+int act_bytes(DeviceKind d) { return d == DeviceKind::cuda ? 2 : 4; }
+
+// Uploads a HIGGS spec's grid (its points, then their ‖c‖²/2) and signs
+// (none for other formats).
+void upload_tables(const Device& dev, const QuantSpec& s, int dim, Buffer& grid, Buffer& signs) {
+  if (s.kind != QuantKind::higgs) return;
+  const HiggsGrid& g = higgs_grid(s.grid_dim, s.grid_size);
+  const size_t pts = (g.points.size() + 3) / 4 * 4;  // the norms start 16-byte aligned
+  grid = dev.alloc((pts + g.half_norm2.size()) * 4);
+  copy(dev.exec(), grid.data(), g.points.data(), g.points.size() * 4);
+  copy(dev.exec(), grid.data<float>() + pts, g.half_norm2.data(), g.half_norm2.size() * 4);
+  if (s.random_signs) {
+    const int G = resolved_group(s, dim);
+    std::vector<float> sg(static_cast<size_t>(G));
+    hadamard_signs(s.sign_seed, G, sg.data());
+    signs = dev.alloc(sg.size() * 4);
+    copy(dev.exec(), signs.data(), sg.data(), signs.bytes());
+  }
+  sync(dev.exec());  // the vectors above are freed on return
+}
+
+// Where upload_tables put a grid's ‖c‖²/2.
+const float* half_norms(const QuantSpec& s, const Buffer& grid) {
+  if (s.kind != QuantKind::higgs || !grid) return nullptr;
+  const size_t pts = (size_t(s.grid_size) * s.grid_dim + 3) / 4 * 4;
+  return grid.data<float>() + pts;
+}
+
+}  // namespace
+
+TieredSeq::TieredSeq(const KvPlan& plan, const Device& dev) : plan_(plan), dev_(dev), x_(dev.exec()) {
+  KVT_CHECK(!plan.dense && plan.device == dev.kind(), "tiered cache: plan for {} on {}", to_string(plan.policy),
+            device_name(plan.device));
+  const KvGeometry& g = plan.geometry;
+  layers_.resize(size_t(g.n_layer));
+  n_.assign(size_t(g.n_layer), 0);
+  upload_tables(dev, plan.index_spec, g.head_dim, grid_, signs_);
+  upload_tables(dev, plan.meta_spec, g.head_dim, meta_grid_, meta_signs_);
+  upload_tables(dev, plan.host_spec, plan.host_dim, host_grid_, host_signs_);
+  if (plan.index == IndexLayout::higgs2_planar && plan.index_spec.random_signs && !signs_) {
+    std::vector<float> sg(static_cast<size_t>(g.head_dim));
+    hadamard_signs(plan.index_spec.sign_seed, g.head_dim, sg.data());
+    signs_ = dev.alloc(sg.size() * 4);
+    copy(x_, signs_.data(), sg.data(), signs_.bytes());
+    sync(x_);
+  }
+  KVT_CHECK(!g.rope_inv_freq.empty() || (!plan.policy.keys_prerope && plan.host != HostLayout::values_only),
+            "kv policy {}: rebuilding post-RoPE keys needs the model's RoPE table (KvGeometry::rope_inv_freq)",
+            to_string(plan.policy));
+  if (!g.rope_inv_freq.empty()) {
+    inv_freq_ = dev.alloc(g.rope_inv_freq.size() * 4);
+    copy(x_, inv_freq_.data(), g.rope_inv_freq.data(), inv_freq_.bytes());
+    sync(x_);
+  }
+  counters_ = dev.alloc(16);
+  fill(x_, counters_.data(), 0, 16);
+  scales_ = dev.alloc(size_t(g.n_layer) * 3 * 4);
+  std::vector<float> ones(size_t(g.n_layer) * 3, 1.f);
+  copy(x_, scales_.data(), ones.data(), scales_.bytes());
+  sync(x_);
+  res_slot_ = 2 * int64_t(g.head_dim) * kv_elt_bytes(plan.resident_elt);
+  res_slots_ = int64_t(plan.sink) + plan.ring + plan.n_outlier_tok;
+  for (TieredLayer& L : layers_) {
+    L.resident = dev.alloc(size_t(std::max<int64_t>(1, g.n_kv_head * res_slots_ * res_slot_)));
+    fill(x_, L.resident.data(), 0, L.resident.bytes());
+  }
+}
+
+TieredSeq::~TieredSeq() = default;
+
+RecordFormat TieredSeq::index_fmt() const {
+  RecordFormat f;
+  f.spec = plan_.index_spec;
+  f.dim = plan_.geometry.head_dim;
+  f.bytes = plan_.index_rec_bytes;
+  f.grid = grid_.data<float>();
+  f.signs = signs_.data<float>();
+  f.half_norm2 = half_norms(plan_.index_spec, grid_);
+  return f;
+}
+
+RecordFormat TieredSeq::meta_fmt() const {
+  RecordFormat f;
+  if (plan_.index != IndexLayout::residual) return f;
+  f.spec = plan_.meta_spec;
+  f.dim = plan_.geometry.head_dim;
+  f.bytes = plan_.meta_rec_bytes;
+  f.grid = meta_grid_.data<float>();
+  f.signs = meta_signs_.data<float>();
+  f.half_norm2 = half_norms(plan_.meta_spec, meta_grid_);
+  return f;
+}
+
+RecordFormat TieredSeq::host_fmt() const {
+  RecordFormat f;
+  f.spec = plan_.host_spec;
+  f.dim = plan_.host_dim;
+  f.bytes = plan_.host_rec_bytes;
+  f.grid = host_grid_.data<float>();
+  f.signs = host_signs_.data<float>();
+  f.half_norm2 = half_norms(plan_.host_spec, host_grid_);
+  return f;
+}
+
+const float* TieredSeq::query_signs() const {
+  return plan_.index == IndexLayout::higgs2_planar ? signs_.data<float>() : nullptr;
+}
+
+HostWriteParams TieredSeq::host_write_params(int layer, int n_seq, int n_new, int64_t tok_stride) const {
+  const KvGeometry& g = plan_.geometry;
+  HostWriteParams p;
+  p.n_seq = n_seq;
+  p.n_new = n_new;
+  p.n_kv_head = g.n_kv_head;
+  p.head_dim = g.head_dim;
+  p.layer_wide = plan_.host == HostLayout::layer_wide;
+  p.values_only = plan_.host == HostLayout::values_only;
+  p.keys_prerope = plan_.policy.keys_prerope;
+  p.fmt = host_fmt();
+  p.entry_bytes = plan_.host_entry_bytes;
+  p.tok_bytes = plan_.host_tok_bytes;
+  p.in_tok_stride = tok_stride;
+  p.k_scale = layers_[size_t(layer)].k_scale;
+  p.v_scale = layers_[size_t(layer)].v_scale;
+  p.seq_scales = layer_scales(layer);
+  return p;
+}
+
+IndexWriteParams TieredSeq::index_write_params(int layer, int n_seq, int n_new, int64_t tok_stride) const {
+  const KvGeometry& g = plan_.geometry;
+  IndexWriteParams p;
+  p.n_seq = n_seq;
+  p.n_new = n_new;
+  p.n_kv_head = g.n_kv_head;
+  p.head_dim = g.head_dim;
+  p.layout = plan_.index == IndexLayout::higgs2_planar ? IndexRecLayout::planar_higgs2
+             : plan_.index == IndexLayout::residual  ? IndexRecLayout::residual
+                                                     : IndexRecLayout::records;
+  p.chunk = plan_.chunk;
+  p.unit = plan_.unit;
+  p.fmt = index_fmt();
+  p.meta = meta_fmt();
+  p.sink = plan_.sink;
+  p.ring = plan_.ring;
+  p.res_elt = plan_.resident_elt;
+  p.in_tok_stride = tok_stride;
+  p.cos_stats = plan_.host == HostLayout::values_only && !decoding_;
+  p.seq_scales = layer_scales(layer) + 2;
+  return p;
+}
+
+void TieredSeq::reserve(int64_t n) {
+  if (n > cap_) grow(n);
+}
+
+void TieredSeq::grow(int64_t need) {
+  const KvGeometry& g = plan_.geometry;
+  const int H = g.n_kv_head, D = g.head_dim, W = H * D;
+  const int64_t cap = std::max<int64_t>({need, 2 * cap_, 256});
+  const int64_t cap_chunks = cap / plan_.chunk + 1, cap_units = cap / plan_.unit + 1;
+  int64_t p0_row = 0, p1_row = 0;
+  if (plan_.index == IndexLayout::higgs2_planar) {
+    p0_row = pad16(cap * 32);
+    p1_row = pad16(cap * 2);
+  } else {
+    p0_row = pad16(cap_chunks * plan_.index_rec_bytes);
+    if (plan_.index == IndexLayout::residual) p1_row = pad16(cap_units * plan_.meta_rec_bytes);
+  }
+  sync(x_);  // queued kernels may still use the old buffers
+  for (int l = 0; l < g.n_layer; ++l) {
+    TieredLayer& L = layers_[size_t(l)];
+    const int64_t n = n_[size_t(l)];
+    auto regrow_rows = [&](Buffer& b, int64_t old_row, int64_t new_row, int64_t rows) {
+      Buffer nb = dev_.alloc(size_t(new_row * rows));
+      if (b)
+        for (int64_t r = 0; r < rows; ++r)
+          copy(x_, nb.data<uint8_t>() + r * new_row, b.data<uint8_t>() + r * old_row, size_t(old_row));
+      b = std::move(nb);
+    };
+    regrow_rows(L.plane0, p0_row_, p0_row, H);
+    if (p1_row) regrow_rows(L.plane1, p1_row_, p1_row, H);
+    Buffer host = dev_.alloc_host(size_t(cap * plan_.host_tok_bytes));
+    if (L.host) copy(x_, host.data(), L.host.data(), size_t(n * plan_.host_tok_bytes));
+    L.host = std::move(host);
+    if (!decoding_) {
+      Buffer dk = dev_.alloc(size_t(cap * W * act_bytes(dev_.kind()))), dv = dev_.alloc(dk.bytes());
+      if (L.dense_k) {
+        copy(x_, dk.data(), L.dense_k.data(), size_t(n * W * act_bytes(dev_.kind())));
+        copy(x_, dv.data(), L.dense_v.data(), size_t(n * W * act_bytes(dev_.kind())));
+      }
+      L.dense_k = std::move(dk);
+      L.dense_v = std::move(dv);
+      if (plan_.host == HostLayout::values_only) {
+        regrow_rows(L.stats, cap_chunks_ * 4, cap_chunks * 4, H);
+        Buffer kp = dev_.alloc_host(size_t(cap * W * act_bytes(dev_.kind())));
+        if (L.kpre) copy(x_, kp.data(), L.kpre.data(), size_t(n * W * act_bytes(dev_.kind())));
+        L.kpre = std::move(kp);
+        if (!L.gram && dev_.kind() == DeviceKind::cuda) {
+          L.gram = dev_.alloc(size_t(W) * W * 4);
+          fill(x_, L.gram.data(), 0, L.gram.bytes());
+        }
+      }
+    } else if (plan_.host == HostLayout::values_only) {
+      Buffer kp = dev_.alloc_host(size_t(std::max<int64_t>(1, cap - n_prompt_) * plan_.host_tok_bytes));
+      if (L.kplane) copy(x_, kp.data(), L.kplane.data(), size_t((n - n_prompt_) * plan_.host_tok_bytes));
+      L.kplane = std::move(kp);
+    }
+  }
+  sync(x_);
+  cap_ = cap;
+  cap_chunks_ = cap_chunks;
+  cap_units_ = cap_units;
+  p0_row_ = p0_row;
+  p1_row_ = p1_row;
+  ++generation_;
+}
+
+// Uploads this sequence's row tables (prefill appends: a batch of one).
+namespace {
+struct SoloRows {
+  uint8_t* const* plane0;
+  uint8_t* const* plane1;
+  uint8_t* const* resident;
+  float* const* stats;
+  uint8_t* const* host;
+  uint8_t* const* kplane;
+  const int64_t* pos0;
+  const int64_t* key_first;
+};
+}  // namespace
+
+void TieredSeq::append(int layer, const void* k_pre, const void* k, const void* v, int64_t tok_stride, int n_tok) {
+  const KvGeometry& g = plan_.geometry;
+  const int H = g.n_kv_head, W = H * g.head_dim;
+  KVT_CHECK(layer >= 0 && layer < g.n_layer && n_tok >= 1, "tiered cache: append of {} tokens to layer {}", n_tok,
+            layer);
+  KVT_CHECK(!decoding_, "tiered cache: decode steps append through a DecodeBatch");
+  TieredLayer& L = layers_[size_t(layer)];
+  const int64_t n = n_[size_t(layer)];
+  if (n + n_tok > cap_) grow(n + n_tok);
+  const int ab = act_bytes(dev_.kind());
+  KVT_CHECK(tok_stride == W, "tiered cache: prefill rows must be dense ({} elements, not {})", W, tok_stride);
+  // nvfp4's per-tensor scales, fixed by the first rows (4x headroom, as the CPU store's CodedRows).
+  if (!L.scales_set) {
+    if (plan_.host_spec.kind == QuantKind::nvfp4) {
+      L.k_scale = 4.f * nvfp4_scale_of(x_, plan_.policy.keys_prerope ? k_pre : k, int64_t(n_tok) * W);
+      L.v_scale = 4.f * nvfp4_scale_of(x_, v, int64_t(n_tok) * W);
+    }
+    if (plan_.index_spec.kind == QuantKind::nvfp4) L.index_scale = 4.f * nvfp4_scale_of(x_, k, int64_t(n_tok) * W);
+    const float sc[3] = {L.k_scale, L.v_scale, L.index_scale};
+    copy(x_, scales_.data<float>() + 3 * layer, sc, sizeof(sc));
+    sync(x_);
+    L.scales_set = true;
+  }
+  // Row tables of this sequence for this layer (host values; uploaded to the device).
+  const int64_t key_first = -1;
+  std::vector<uintptr_t> t(size_t(4 * H + 4));
+  for (int h = 0; h < H; ++h) {
+    t[size_t(h)] = uintptr_t(L.plane0.data<uint8_t>() + h * p0_row_);
+    t[size_t(H + h)] = L.plane1 ? uintptr_t(L.plane1.data<uint8_t>() + h * p1_row_) : 0;
+    t[size_t(2 * H + h)] = uintptr_t(L.resident.data<uint8_t>() + h * res_slots_ * res_slot_);
+    t[size_t(3 * H + h)] = L.stats ? uintptr_t(L.stats.data<float>() + h * cap_chunks_) : 0;
+  }
+  t[size_t(4 * H)] = uintptr_t(L.host.data());
+  t[size_t(4 * H + 1)] = uintptr_t(L.kplane.data());
+  t[size_t(4 * H + 2)] = uintptr_t(n);
+  t[size_t(4 * H + 3)] = uintptr_t(key_first);
+  void* dt = upload(x_, tables_, t.data(), t.size() * sizeof(uintptr_t));
+  if (x_.cuda()) sync(x_);  // t is pageable and freed on return
+  auto* d = static_cast<uintptr_t*>(dt);
+  SoloRows r{reinterpret_cast<uint8_t* const*>(d),          reinterpret_cast<uint8_t* const*>(d + H),
+             reinterpret_cast<uint8_t* const*>(d + 2 * H),  reinterpret_cast<float* const*>(d + 3 * H),
+             reinterpret_cast<uint8_t* const*>(d + 4 * H),  reinterpret_cast<uint8_t* const*>(d + 4 * H + 1),
+             reinterpret_cast<const int64_t*>(d + 4 * H + 2), reinterpret_cast<const int64_t*>(d + 4 * H + 3)};
+  const HostWriteParams hp = host_write_params(layer, 1, n_tok, tok_stride);
+  host_write(x_, hp, k, k_pre, v, r.pos0, r.host, r.kplane, r.key_first);
+  const IndexWriteParams ip = index_write_params(layer, 1, n_tok, tok_stride);
+  index_write(x_, ip, k, r.pos0, r.plane0, r.plane1, r.resident, ip.cos_stats ? r.stats : nullptr);
+  ResidentWriteParams rp{1, n_tok, H, g.head_dim, plan_.sink, plan_.ring, tok_stride, plan_.resident_elt};
+  resident_write(x_, rp, k, v, r.pos0, r.resident);
+  // The prompt's working copy (dense prefill attention) and, for shadowkv, its pre-RoPE keys.
+  copy(x_, L.dense_k.data<uint8_t>() + n * W * ab, k, size_t(n_tok) * W * ab);
+  copy(x_, L.dense_v.data<uint8_t>() + n * W * ab, v, size_t(n_tok) * W * ab);
+  if (plan_.host == HostLayout::values_only) {
+    KVT_CHECK(k_pre, "kv policy shadowkv: append needs the pre-RoPE keys");
+    copy(x_, L.kpre.data<uint8_t>() + n * W * ab, k_pre, size_t(n_tok) * W * ab);
+    if (L.gram) gram_accumulate(x_, k_pre, n_tok, W, W, L.gram.data<float>());
+  }
+  n_[size_t(layer)] = n + n_tok;
+}
+
+void TieredSeq::attend_prefill(int layer, const void* q, int64_t q_stride, int n_tok, float scale, void* out) {
+  const KvGeometry& g = plan_.geometry;
+  TieredLayer& L = layers_[size_t(layer)];
+  AttentionParams ap{g.n_head, g.n_kv_head, g.head_dim, scale};
+  const int64_t W = int64_t(g.n_kv_head) * g.head_dim;
+  prefill_attention(x_, ap, q, q_stride, n_tok, L.dense_k.data(), L.dense_v.data(), W, n_[size_t(layer)], out,
+                    q_stride);
+}
+
+void TieredSeq::start_decode() {
+  KVT_CHECK(!decoding_, "tiered cache: decode already started");
+  const KvGeometry& g = plan_.geometry;
+  n_prompt_ = n_[0];
+  for (int l = 1; l < g.n_layer; ++l)
+    KVT_CHECK(n_[size_t(l)] == n_prompt_, "tiered cache: layer {} holds {} tokens, layer 0 holds {}", l,
+              n_[size_t(l)], n_prompt_);
+  budget_ = kvtier::budget_tokens(plan_.policy, n_prompt_);
+  const int kchunks = int(std::max<int64_t>(1, budget_ / plan_.chunk));
+  kmax_tok_ = kchunks * plan_.chunk;
+  if (plan_.host == HostLayout::values_only) finish_shadowkv();
+  decoding_ = true;
+  const int H = g.n_kv_head;
+  for (TieredLayer& L : layers_) {
+    L.dense_k = Buffer();
+    L.dense_v = Buffer();
+    L.kpre = Buffer();
+    L.gram = Buffer();
+    L.stats = Buffer();
+    L.slots = dev_.alloc(size_t(H) * kmax_tok_ * plan_.slot_bytes);
+    L.prev_sel = dev_.alloc(size_t(H) * kmax_tok_ * 4);
+    L.prev_slot = dev_.alloc(L.prev_sel.bytes());
+    fill(x_, L.prev_sel.data(), 0xff, L.prev_sel.bytes());
+    fill(x_, L.prev_slot.data(), 0xff, L.prev_slot.bytes());
+    if (plan_.host == HostLayout::values_only) {
+      L.kplane = dev_.alloc_host(size_t(std::max<int64_t>(1, cap_ - n_prompt_) * plan_.host_tok_bytes));
+    }
+  }
+  sync(x_);
+  ++generation_;
+}
+
+KvMemory TieredSeq::memory() const {
+  // What the sequence holds, counted from its state: records of the tokens
+  // indexed and stored, the resident slots, the SVD factors, the slot cache.
+  const KvGeometry& g = plan_.geometry;
+  const int64_t H = g.n_kv_head;
+  const KvFootprint rate = plan_footprint(plan_, 0);
+  KvMemory m;
+  m.gpu_bytes_per_token = rate.gpu_bytes_per_token;
+  m.host_bytes_per_token = rate.host_bytes_per_token;
+  for (int l = 0; l < g.n_layer; ++l) {
+    const TieredLayer& L = layers_[size_t(l)];
+    const int64_t n = n_[size_t(l)];
+    m.gpu_bytes += n / plan_.unit * plan_.unit / plan_.chunk * plan_.index_rec_bytes * H;
+    if (plan_.index == IndexLayout::residual) m.gpu_bytes += n / plan_.unit * plan_.meta_rec_bytes * H;
+    m.gpu_bytes += H * res_slots_ * res_slot_;
+    if (plan_.rank > 0) {
+      m.gpu_bytes += 2 * int64_t(plan_.rank) * H * g.head_dim;                        // Vᵀ
+      m.gpu_bytes += 2 * int64_t(plan_.rank) * (decoding_ ? n_prompt_ : n);           // U·S rows
+    }
+    if (decoding_) m.gpu_bytes += H * kmax_tok_ * (plan_.slot_bytes + 8);  // the slot cache and its state
+    m.host_bytes += n * plan_.host_tok_bytes;
+    if (plan_.host == HostLayout::values_only && decoding_) m.host_bytes += (n - n_prompt_) * plan_.host_tok_bytes;
+    if (plan_.host_spec.kind == QuantKind::nvfp4) m.host_bytes += 8;  // the per-tensor scales
+    (void)L;
+  }
+  return m;
+}
+
+KvStats TieredSeq::stats() const {
+  unsigned long long c[2] = {0, 0};
+  copy(x_, c, counters_.data(), 16);
+  sync(x_);
+  KvStats s;
+  s.n_steps = 0;
+  for (int64_t n : n_) s.n_steps += std::max<int64_t>(0, n - n_prompt_);
+  s.n_selected = int64_t(c[0]);
+  s.n_fetched = int64_t(c[1]);
+  s.bytes_fetched = s.n_fetched * plan_.host_entry_bytes;  // a miss reads one entry (layer-wide: the whole record)
+  return s;
+}
+
+// ---- TieredKv
+
+TieredKv::TieredKv(const KvPlan& plan, const Device& dev) : seq_(std::make_unique<TieredSeq>(plan, dev)) {}
+TieredKv::~TieredKv() = default;
+
+void TieredKv::append(int layer, const void* k_pre, const void* k, const void* v, int64_t tok_stride, int n_tok) {
+  if (!seq_->decoding()) return seq_->append(layer, k_pre, k, v, tok_stride, n_tok);
+  KVT_CHECK(n_tok == 1, "tiered cache: a decode step appends one token, not {}", n_tok);
+  batch_->append(layer, k_pre, k, v, tok_stride);
+}
+
+void TieredKv::attend(int layer, const void* q, int64_t q_stride, int n_tok, float scale, void* out) {
+  if (!seq_->decoding()) return seq_->attend_prefill(layer, q, q_stride, n_tok, scale, out);
+  KVT_CHECK(n_tok == 1, "tiered cache: a decode step attends with one token, not {}", n_tok);
+  batch_->attend(layer, q, scale, out);
+}
+
+void TieredKv::begin_step(int n_tok) {
+  if (!seq_->decoding()) return;
+  KVT_CHECK(n_tok == 1, "tiered cache: a decode step takes one token, not {}", n_tok);
+  batch_->begin_step();
+}
+
+uint64_t TieredKv::graph_token() const { return seq_->generation() * 1000003ull + batch_builds(); }
+
+uint64_t TieredKv::batch_builds() const { return batch_ ? batch_->builds() : 0; }
+
+void TieredKv::start_decode() {
+  seq_->start_decode();
+  batch_ = std::make_unique<DecodeBatch>(seq_->plan(), seq_->device());
+  batch_->set_sequences({seq_.get()});
+}
+
+}  // namespace kvtier

@@ -1,0 +1,139 @@
+// The tiered KV cache of one sequence (every policy with a key index), on
+// either device: per layer the key index, the host tier, the resident tokens
+// and the decode state (kv_plan.h says which layout each takes). Memory
+// layout per layer, row r = KV head:
+//   index    plane0 [H rows][cap_chunks] records (planar higgs2: codes [cap][32]),
+//            plane1 [H rows] scales (planar) or meta records (residual)
+//   host     [cap tokens][host_tok_bytes]  (values_only: + kplane for generated keys)
+//   resident [H rows][sink + ring + outlier tokens][K|V]
+//   slots    [H rows][kmax][K|V]  the slot cache (CPU: the decode scratch)
+// Prefill is dense over a working copy of the prompt's K/V, released at
+// start_decode, when the index is finished (shadowkv: its SVD and outliers).
+// Decode steps run through a DecodeBatch (decode_batch.h) of one or more
+// sequences that share the plan.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kv/kv_cache.h"
+#include "ops/kv_append/kv_write.h"
+
+namespace kvtier {
+
+class DecodeBatch;
+
+struct TieredLayer {
+  Buffer plane0, plane1;
+  Buffer host, kplane;
+  Buffer resident;
+  Buffer slots, prev_sel, prev_slot, slot_of;
+  Buffer outliers;                 // shadowkv: [H][outliers] int32 chunk ids, ascending
+  Buffer svd_a, svd_b;             // shadowkv: U·S [n_prompt][rank], Vᵀ [rank][H·D], bf16
+  Buffer stats;                    // shadowkv prefill: [H][cap_chunks] f32 min cos
+  Buffer dense_k, dense_v;         // prefill working copy [cap][H][D] (device activations)
+  Buffer kpre;                     // shadowkv prefill: pre-RoPE keys [cap][H·D] (host tier)
+  Buffer gram;                     // shadowkv prefill: [H·D][H·D] f32
+  float k_scale = 1.f, v_scale = 1.f;  // nvfp4 host tier
+  float index_scale = 1.f;             // nvfp4 landmarks
+  bool scales_set = false;
+};
+
+class TieredSeq {
+ public:
+  TieredSeq(const KvPlan& plan, const Device& dev);
+  ~TieredSeq();
+
+  const KvPlan& plan() const { return plan_; }
+  const Device& device() const { return dev_; }
+  void reserve(int64_t n);
+  // Prefill / single-sequence appends (decode appends go through a DecodeBatch).
+  void append(int layer, const void* k_pre, const void* k, const void* v, int64_t tok_stride, int n_tok);
+  void attend_prefill(int layer, const void* q, int64_t q_stride, int n_tok, float scale, void* out);
+  void start_decode();
+  bool decoding() const { return decoding_; }
+  int64_t n_tokens(int layer) const { return n_[size_t(layer)]; }
+  int64_t n_prompt() const { return n_prompt_; }
+  int64_t capacity() const { return cap_; }
+  int64_t budget_tokens() const { return budget_; }
+  int kmax_tokens() const { return kmax_tok_; }
+  KvMemory memory() const;
+  KvStats stats() const;
+
+  // The decode state the batch reads (row pointers are built from these).
+  TieredLayer& layer(int l) { return layers_[size_t(l)]; }
+  int64_t plane0_row_bytes() const { return p0_row_; }
+  int64_t plane1_row_bytes() const { return p1_row_; }
+  int64_t resident_slots() const { return res_slots_; }
+  int64_t resident_slot_bytes() const { return res_slot_; }
+  int64_t stats_row() const { return cap_chunks_; }
+  unsigned long long* counters() const { return counters_.data<unsigned long long>(); }
+  void note_decode_append(int layer) { ++n_[size_t(layer)]; }
+  uint64_t generation() const { return generation_; }  // bumps when buffers move
+
+ private:
+  void grow(int64_t need);
+  void finish_shadowkv();
+
+  KvPlan plan_;
+  const Device& dev_;
+  Exec x_;
+  std::vector<TieredLayer> layers_;
+  std::vector<int64_t> n_;
+  int64_t cap_ = 0, cap_chunks_ = 0, cap_units_ = 0;
+  int64_t p0_row_ = 0, p1_row_ = 0;
+  int64_t res_slots_ = 0, res_slot_ = 0;
+  int64_t n_prompt_ = 0, budget_ = 0;
+  int kmax_tok_ = 0;
+  int n_outlier_tok_ = 0;
+  bool decoding_ = false;
+  uint64_t generation_ = 0;
+  Buffer grid_, signs_, meta_grid_, meta_signs_, host_grid_, host_signs_;  // quantizer tables (device)
+  Buffer inv_freq_;                 // RoPE [head_dim/2] f32 (device)
+  Buffer counters_;                 // [2] selected, misses (device)
+  Buffer scales_;                   // [n_layer][3] nvfp4 per-tensor scales: host K, host V, landmarks (device)
+  Buffer tables_;                   // this sequence's row tables for prefill appends (device)
+  std::vector<uint8_t> host_tables_;
+  uint64_t tables_gen_ = ~0ull;
+
+  friend class DecodeBatch;
+  friend class TieredKv;
+ public:
+  RecordFormat index_fmt() const;
+  RecordFormat meta_fmt() const;
+  RecordFormat host_fmt() const;
+  const float* inv_freq() const { return inv_freq_.data<float>(); }
+  const float* query_signs() const;  // planar higgs2 with random signs: [head_dim], else null
+  HostWriteParams host_write_params(int layer, int n_seq, int n_new, int64_t tok_stride) const;
+  IndexWriteParams index_write_params(int layer, int n_seq, int n_new, int64_t tok_stride) const;
+  const float* layer_scales(int layer) const { return scales_.data<float>() + 3 * layer; }  // k, v, index
+  int outlier_tokens() const { return n_outlier_tok_; }  // per head, ≤ plan().n_outlier_tok
+};
+
+// KvCache over one TieredSeq.
+class TieredKv final : public KvCache {
+ public:
+  TieredKv(const KvPlan& plan, const Device& dev);
+  ~TieredKv() override;
+  const KvPlan& plan() const override { return seq_->plan(); }
+  void append(int layer, const void* k_pre, const void* k, const void* v, int64_t tok_stride, int n_tok) override;
+  void attend(int layer, const void* q, int64_t q_stride, int n_tok, float scale, void* out) override;
+  void start_decode() override;
+  void begin_step(int n_tok) override;
+  uint64_t graph_token() const override;
+  bool graph_safe() const override { return true; }
+  bool decoding() const override { return seq_->decoding(); }
+  int64_t n_tokens(int layer) const override { return seq_->n_tokens(layer); }
+  void reserve(int64_t n) override { seq_->reserve(n); }
+  KvMemory memory() const override { return seq_->memory(); }
+  KvStats stats() const override { return seq_->stats(); }
+  TieredSeq& seq() { return *seq_; }
+  DecodeBatch& batch() { return *batch_; }
+
+ private:
+  uint64_t batch_builds() const;
+  std::unique_ptr<TieredSeq> seq_;
+  std::unique_ptr<DecodeBatch> batch_;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,148 @@
+// The device-generic tiered cache (tiered_kv + decode_step) on the CPU
+// against the CPU store it replaces (tiered_store: the readable
+// TieredKvStore::attend_one), for every kind of policy: the same prompt and
+// decode tokens appended to both, the same queries, attention outputs equal
+// to float rounding. Inputs are bf16-representable so that the resident
+// tokens' bf16 rounding is exact in both.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/half.h"
+#include "kv/decode_batch.h"
+#include "kv/dense_kv.h"
+#include "kv/full_kv.h"
+#include "kv/tiered_kv.h"
+#include "kv/tiered_store.h"
+
+namespace kvtier {
+namespace {
+
+std::vector<float> inv_freq_table(int head_dim) {
+  std::vector<float> f(size_t(head_dim / 2));
+  for (int i = 0; i < head_dim / 2; ++i) f[size_t(i)] = float(std::pow(10000.0, -2.0 * i / head_dim));
+  return f;
+}
+
+KvGeometry geometry(int n_layer, int n_head, int n_kv_head, int head_dim) {
+  KvGeometry g{n_layer, n_head, n_kv_head, head_dim};
+  g.rope_inv_freq = inv_freq_table(head_dim);
+  g.rope_interleaved = false;
+  const std::vector<float> inv = g.rope_inv_freq;
+  g.apply_rope = [inv, n_kv_head, head_dim](float* k, const int64_t* pos, int64_t n) {
+    const int half = head_dim / 2;
+    for (int64_t t = 0; t < n; ++t)
+      for (int h = 0; h < n_kv_head; ++h) {
+        float* v = k + (t * n_kv_head + h) * head_dim;
+        for (int i = 0; i < half; ++i) {
+          const double a = double(pos[t]) * inv[size_t(i)];
+          const float c = float(std::cos(a)), s = float(std::sin(a));
+          const float x0 = v[i], x1 = v[i + half];
+          v[i] = x0 * c - x1 * s;
+          v[i + half] = x0 * s + x1 * c;
+        }
+      }
+  };
+  return g;
+}
+
+std::vector<float> bf16_values(std::mt19937& rng, size_t n, float spread) {
+  std::normal_distribution<float> d(0.f, spread);
+  std::vector<float> v(n);
+  for (float& x : v) x = bf16_to_f32(f32_to_bf16(d(rng)));
+  return v;
+}
+
+double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
+  double e = 0, n = 0;
+  for (size_t i = 0; i < a.size(); ++i) e += double(a[i] - b[i]) * (a[i] - b[i]), n += double(b[i]) * b[i];
+  return std::sqrt(e / std::max(n, 1e-30));
+}
+
+struct Case {
+  const char* policy;
+  int head_dim = 64;
+  int n_head = 4, n_kv_head = 2;
+  double tol = 2e-5;
+};
+
+class TieredKvVsStore : public ::testing::TestWithParam<Case> {};
+
+TEST_P(TieredKvVsStore, SameAttentionOutputs) {
+  const Case c = GetParam();
+  const int L = 2, D = c.head_dim, H = c.n_kv_head, QH = c.n_head, W = H * D;
+  const KvGeometry g = geometry(L, QH, H, D);
+  const PolicyConfig p = parse_policy(c.policy);
+  Device cpu(DeviceKind::cpu);
+  TieredKvStore ref(p, g);
+  TieredKv kv(plan_kv(p, g, DeviceKind::cpu), cpu);
+  std::mt19937 rng(7);
+  const int n_prompt = 301, n_steps = 24;
+  const float scale = 1.f / std::sqrt(float(D));
+  // Keys with a few directions that stand out, so that selections are not ties.
+  auto keys = [&](int n, int64_t pos0, std::vector<float>& pre, std::vector<float>& post) {
+    pre = bf16_values(rng, size_t(n) * W, 1.0f);
+    for (int t = 0; t < n; t += 7)
+      for (int d = 0; d < W; d += 5) pre[size_t(t) * W + d] *= 4.f;
+    post = pre;
+    std::vector<int64_t> pos(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) pos[size_t(i)] = pos0 + i;
+    g.apply_rope(post.data(), pos.data(), n);
+    for (float& x : post) x = bf16_to_f32(f32_to_bf16(x));
+  };
+  for (int chunk0 : {0, 128, 256}) {
+    const int n = std::min(128, n_prompt - chunk0);
+    for (int l = 0; l < L; ++l) {
+      std::vector<float> pre, post;
+      keys(n, chunk0, pre, post);
+      const std::vector<float> v = bf16_values(rng, size_t(n) * W, 1.0f);
+      ref.append(l, pre.data(), post.data(), v.data(), n);
+      kv.append(l, pre.data(), post.data(), v.data(), W, n);
+    }
+  }
+  ref.set_phase(KvPhase::decode);
+  kv.start_decode();
+  double worst = 0;
+  for (int step = 0; step < n_steps; ++step)
+    for (int l = 0; l < L; ++l) {
+      std::vector<float> pre, post;
+      keys(1, n_prompt + step, pre, post);
+      const std::vector<float> v = bf16_values(rng, size_t(W), 1.0f);
+      const std::vector<float> q = bf16_values(rng, size_t(QH) * D, 1.0f);
+      if (l == 0) kv.begin_step(1);
+      ref.append(l, pre.data(), post.data(), v.data(), 1);
+      kv.append(l, pre.data(), post.data(), v.data(), W, 1);
+      std::vector<float> a(size_t(QH) * D), b(size_t(QH) * D);
+      ref.attend(l, q.data(), 1, scale, a.data());
+      kv.attend(l, q.data(), QH * D, 1, scale, b.data());
+      worst = std::max(worst, rel_l2(b, a));
+    }
+  EXPECT_LT(worst, c.tol) << c.policy;
+  const KvStats st = kv.stats();
+  EXPECT_GT(st.n_selected, 0) << c.policy;
+  EXPECT_LE(st.n_fetched, st.n_selected);
+  // The same host-tier reuse as the store's own statistic.
+  EXPECT_NEAR(st.hit_rate(), ref.stats().reuse_rate(), 0.02) << c.policy;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Policies, TieredKvVsStore,
+    ::testing::Values(Case{"yakv,budget=32"}, Case{"yakv,budget=32,kv=fp8"}, Case{"yakv,budget=32,kv=bf16"},
+                      Case{"yakv,budget=32,kv=f32"}, Case{"yakv,budget=32,kv=higgs4"},
+                      Case{"yakv,budget=32,kv=nvfp4"}, Case{"yakv,budget=32,gqa=mean"},
+                      Case{"yakv,budget=32,sink=4,local=16"}, Case{"yakv,budget=32,keys_prerope=1"},
+                      Case{"yakv,budget=32,lm=1bit"}, Case{"yakv,budget=32,lm=fp8s"},
+                      Case{"yakv,budget=32,lm=higgs1:rs"}, Case{"yakv,budget=32,lm=int3:g16"},
+                      Case{"yakv,budget=32,lm=residual,meta=higgs4,res=1bit,m=8"},
+                      Case{"landmarks,chunk=4,lm=int4:g32,budget=32,local=8"},
+                      Case{"landmarks,chunk=8,budget=40,sink=3,local=13"},
+                      Case{"oracle,budget=32"}, Case{"oracle,budget=32,kv=f32"},
+                      Case{"shadowkv,rank=24,budget=32,outliers=4"},
+                      Case{"shadowkv,rank=24,budget=32,outliers=4,gqa=mean"},
+                      Case{"yakv,budget=32", 128, 8, 2}, Case{"yakv,budget=32", 64, 7, 1},
+                      Case{"yakv,budget=0.05,min_budget=24"}));
+
+}  // namespace
+}  // namespace kvtier

@@ -1,0 +1,51 @@
+// The loaded model on a CUDA GPU: every weight of the Model's source
+// dequantized to bf16 and uploaded, and the same straight-line forward as
+// Model::forward (llama_forward.cpp) over the CUDA ops (cuBLASLt GEMM, fused
+// residual-add RMSNorm, RoPE, SwiGLU). Attention goes through the sequence's
+// KvCache, which holds K/V wherever its plan says (kv/kv_plan.h): the
+// forward passes bf16 device rows and never moves KV itself. Includable
+// without the CUDA toolkit: without CUDA, make_gpu_model comes from
+// model_cuda_nocuda.cpp and says why it cannot run (STYLE rule 14).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backend/device.h"
+#include "kv/kv_cache.h"
+
+namespace kvtier {
+
+class Model;
+
+// One sequence's activations on the GPU. Not thread-safe.
+class GpuSequence {
+ public:
+  virtual ~GpuSequence() = default;
+  // The contract of Model::forward: tokens [n_tok] at positions
+  // [pos0, pos0 + n_tok); logits: [n_logits, n_vocab] f32 on the host for
+  // the last n_logits tokens. Returns when the logits are on the host.
+  virtual void forward(const int32_t* tokens, int n_tok, int64_t pos0, KvCache& kv, int n_logits,
+                       float* logits) = 0;
+};
+
+class GpuModel {
+ public:
+  virtual ~GpuModel() = default;
+  // capacity: most tokens per forward (the prefill chunk).
+  virtual std::unique_ptr<GpuSequence> start(int capacity) = 0;
+  virtual const Device& device() const = 0;
+  virtual Device& device() = 0;
+  virtual size_t weight_bytes() const = 0;
+  virtual std::string describe() const = 0;  // device and weight bytes, one line
+};
+
+// Uploads `model` (which must outlive the result) to CUDA device 0. Throws
+// kvtier::Error when kvtier was built without CUDA, when there is no CUDA
+// device, or when a shape is outside what the kernels support.
+// graphs: decode steps replay a captured CUDA graph of the whole forward pass
+// (captured once per KV layout; the first step after a change runs eagerly).
+std::unique_ptr<GpuModel> make_gpu_model(const Model& model, bool graphs = true);
+
+}  // namespace kvtier

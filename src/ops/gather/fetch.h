@@ -1,0 +1,81 @@
+// Fetching the selected tokens' K|V of a batch of rows for decode attention
+// (row r = sequence s · n_kv_head + KV head). Input: per row up to kmax
+// selected token ids, ascending, −1 first (expand_rows / topk_rows). Output:
+// a FetchView that decode_attn reads (slot bases per row, strides, and the
+// slot of every selected entry).
+//
+// CUDA: a slot cache per row that persists across steps (gather.h's
+// assignment: a token selected again keeps its slot, the others are read
+// from pinned host memory into freed slots, zero-copy), holding either the
+// host entries as they are (bf16 / FP8 per head) or K|V rebuilt in bf16 from
+// the records (HIGGS, NVFP4, f32, layer-wide records, pre-RoPE keys, and
+// shadowkv's keys from the SVD). Only misses cross PCIe.
+// CPU: no copy when attention can read the host entries in place (the view
+// points at the host tier); else the selected records are decoded into a
+// scratch row. The CPU also tracks what a slot cache would hit, so both
+// devices report the same statistics.
+#pragma once
+#include <cstdint>
+
+#include "backend/device.h"
+#include "ops/decode_attn/decode_attn.h"
+#include "ops/kv_append/kv_write.h"
+
+namespace kvtier {
+
+struct FetchParams {
+  int n_seq = 0, n_kv_head = 0, head_dim = 0;
+  int kmax = 0;                 // selected entries per row at most
+  // host tier (kv_write.h's HostWriteParams)
+  bool layer_wide = false, values_only = false, keys_prerope = false;
+  RecordFormat fmt;
+  int64_t entry_bytes = 0, tok_bytes = 0;
+  float k_scale = 1.f, v_scale = 1.f;
+  const float* seq_scales = nullptr;   // [n_seq][2] (k, v) nvfp4 scales per sequence, overriding k_scale/v_scale
+  // what attention reads
+  bool raw = false;             // the host entries themselves (bf16 / fp8 / CPU f32, per head)
+  KvElt elt = KvElt::bf16;
+  int64_t slot_bytes = 0;       // 2 · head_dim · elt
+  // RoPE of pre-RoPE keys and of shadowkv's rebuilt keys: angle t · inv_freq[i]
+  const float* inv_freq = nullptr;  // [head_dim / 2]
+  bool interleaved = false;
+  int rank = 0;                 // shadowkv SVD rank (values_only)
+};
+
+// Per-sequence / per-row storage the fetch reads and updates. The selection
+// rows are kmax wide (the batch's widest); sequence s owns kslots[s] ≤ kmax
+// slots per row and its selected entries are the row's last kslots[s]
+// (right-aligned; the entries before them are −1).
+struct FetchRows {
+  uint8_t* const* host = nullptr;          // [n_seq] the layer's host tier
+  uint8_t* const* kplane = nullptr;        // [n_seq] values_only: generated tokens' keys
+  const int64_t* key_first = nullptr;      // [n_seq] values_only: first token of kplane (= n_svd)
+  const uint16_t* const* svd_a = nullptr;  // [n_seq] values_only: U·S [n_svd, rank] bf16
+  const uint16_t* const* svd_b = nullptr;  // [n_seq] values_only: Vᵀ [rank, n_kv_head·head_dim] bf16
+  const int32_t* kslots = nullptr;         // [n_seq] slots per row
+  uint8_t* const* slots = nullptr;         // [rows] slot cache (CUDA) / decode scratch (CPU), kslots slots each
+  int32_t* const* prev_sel = nullptr;      // [rows] kslots entries: the last step's selection (−1: none)
+  int32_t* const* prev_slot = nullptr;     // [rows] kslots entries: its slots
+  int32_t* slot_of = nullptr;              // [rows, kmax] out: this step's slot per entry (−1: none)
+  void* scratch = nullptr;                 // CUDA: fetch_scratch_bytes(p)
+  unsigned long long* const* counters = nullptr;  // [n_seq] → [2]: += selected entries, += misses
+};
+
+struct FetchView {
+  const uint8_t* const* rows = nullptr;  // [rows] slot bases
+  int64_t tok_stride = 0, v_offset = 0;
+  KvElt elt = KvElt::bf16;
+  const int32_t* idx = nullptr;          // [rows, kmax] slot of each selected entry (−1: none)
+};
+
+int64_t fetch_scratch_bytes(const Exec& x, const FetchParams& p);
+// sel: [rows, kmax] tokens. On return prev_sel/prev_slot hold this step's
+// selection (the next step's cache state); view points into `r`'s storage
+// (CPU: host rows when raw; the view's row table lives in view_rows, a
+// caller-owned [rows] array of the device).
+void fetch_rows(const Exec& x, const FetchParams& p, const int32_t* sel, const FetchRows& r,
+                const uint8_t** view_rows, FetchView* view);
+void fetch_rows_cpu(const FetchParams& p, const int32_t* sel, const FetchRows& r, const uint8_t** view_rows,
+                    FetchView* view);
+
+}  // namespace kvtier

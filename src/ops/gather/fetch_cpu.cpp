@@ -1,0 +1,140 @@
+// fetch_rows on the CPU (fetch.h): attention reads bf16 / FP8 / f32 host
+// entries in place; other formats are decoded by the CPU quantizer into the
+// row's scratch. The slot-cache statistics are those a GPU would see.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/half.h"
+#include "core/status.h"
+#include "core/threads.h"
+#include "ops/gather/fetch.h"
+
+namespace kvtier {
+namespace {
+
+// RoPE of one head's key at position t, as Rope::apply computes it.
+void rope_one(float* k, int D, int64_t t, const float* inv_freq, bool interleaved) {
+  const int half = D / 2;
+  for (int i = 0; i < half; ++i) {
+    const double a = double(t) * inv_freq[i];
+    const float c = float(std::cos(a)), s = float(std::sin(a));
+    const int i0 = interleaved ? 2 * i : i, i1 = interleaved ? 2 * i + 1 : i + half;
+    const float x0 = k[i0], x1 = k[i1];
+    k[i0] = x0 * c - x1 * s;
+    k[i1] = x0 * s + x1 * c;
+  }
+}
+
+QuantSpec with_scale(QuantSpec s, float scale) {
+  s.tensor_scale = scale;
+  return s;
+}
+
+// Selected entries of a row that the previous step's selection also held
+// (both ascending, −1 first).
+int64_t count_hits(const int32_t* now, const int32_t* prev, int k) {
+  int64_t hits = 0;
+  int i = 0, j = 0;
+  while (i < k && now[i] < 0) ++i;
+  while (j < k && prev[j] < 0) ++j;
+  while (i < k && j < k) {
+    if (now[i] == prev[j]) ++hits, ++i, ++j;
+    else if (now[i] < prev[j]) ++i;
+    else ++j;
+  }
+  return hits;
+}
+
+}  // namespace
+
+void fetch_rows_cpu(const FetchParams& p, const int32_t* sel, const FetchRows& r, const uint8_t** view_rows,
+                    FetchView* view) {
+  const int H = p.n_kv_head, D = p.head_dim, K = p.kmax;
+  const int64_t n_rows = int64_t(p.n_seq) * H;
+  KVT_CHECK(!p.raw || (!p.layer_wide && !p.values_only && !p.keys_prerope),
+            "fetch: raw entries must be per-head records with post-RoPE keys");
+  KVT_CHECK(p.raw || p.elt == KvElt::f32, "fetch (CPU): decoded entries are f32");
+  for (int64_t row = 0; row < n_rows; ++row) {
+    const int s = int(row / H);
+    const int ks = r.kslots[s];
+    KVT_CHECK(ks <= K, "fetch: {} slots per row exceed the selection width {}", ks, K);
+    const int32_t* now = sel + row * K + (K - ks);
+    int64_t n_sel = 0;
+    for (int j = 0; j < K - ks; ++j) KVT_CHECK(sel[row * K + j] < 0, "fetch: row {} selects more than {}", row, ks);
+    for (int j = 0; j < ks; ++j) n_sel += now[j] >= 0;
+    const int64_t misses = n_sel - count_hits(now, r.prev_sel[row], ks);
+    std::copy_n(now, ks, r.prev_sel[row]);
+    if (r.counters) {
+      r.counters[s][0] += uint64_t(n_sel);
+      r.counters[s][1] += uint64_t(misses);
+    }
+  }
+  if (p.raw) {
+    for (int64_t row = 0; row < n_rows; ++row)
+      view_rows[row] = r.host[row / H] + (row % H) * p.entry_bytes;
+    view->rows = view_rows;
+    view->tok_stride = p.tok_bytes;
+    view->v_offset = p.fmt.bytes;
+    view->elt = p.elt;
+    view->idx = sel;
+    return;
+  }
+  const int dim = p.fmt.dim;
+  const int64_t W = int64_t(H) * D;
+  default_pool().parallel_for(n_rows, 1, [&](int64_t r0, int64_t r1, int) {
+    std::vector<float> kbuf(static_cast<size_t>(dim)), vbuf(static_cast<size_t>(dim));
+    for (int64_t row = r0; row < r1; ++row) {
+      const int s = int(row / H), h = int(row % H);
+      const QuantSpec ks = with_scale(p.fmt.spec, p.seq_scales ? p.seq_scales[2 * s] : p.k_scale);
+      const QuantSpec vs = with_scale(p.fmt.spec, p.seq_scales ? p.seq_scales[2 * s + 1] : p.v_scale);
+      uint8_t* out = r.slots[row];
+      const int off = K - r.kslots[s];
+      for (int j = 0; j < K; ++j) {
+        const int32_t t = sel[row * K + j];
+        r.slot_of[row * K + j] = t < 0 ? -1 : j - off;
+        if (t < 0) continue;
+        float* ko = reinterpret_cast<float*>(out + int64_t(j - off) * p.slot_bytes);
+        float* vo = ko + D;
+        const uint8_t* tok = r.host[s] + int64_t(t) * p.tok_bytes;
+        if (p.values_only) {
+          dequantize(vs, tok + int64_t(h) * p.entry_bytes, 1, D, vo);
+          if (r.key_first[s] >= 0 && t >= r.key_first[s]) {
+            dequantize(ks, r.kplane[s] + (t - r.key_first[s]) * p.tok_bytes + int64_t(h) * p.entry_bytes, 1, D, ko);
+          } else {  // K = RoPE(A[t] · B[:, head h]), the SVD's rebuild
+            const uint16_t* a = r.svd_a[s] + int64_t(t) * p.rank;
+            const uint16_t* b = r.svd_b[s];
+            std::fill(ko, ko + D, 0.0f);
+            for (int q = 0; q < p.rank; ++q) {
+              const float c = bf16_to_f32(a[q]);
+              const uint16_t* bq = b + int64_t(q) * W + int64_t(h) * D;
+              for (int d = 0; d < D; ++d) ko[d] += c * bf16_to_f32(bq[d]);
+            }
+            rope_one(ko, D, t, p.inv_freq, p.interleaved);
+          }
+          continue;
+        }
+        if (p.layer_wide) {
+          dequantize(ks, tok, 1, dim, kbuf.data());
+          dequantize(vs, tok + p.fmt.bytes, 1, dim, vbuf.data());
+          std::copy_n(kbuf.data() + int64_t(h) * D, D, ko);
+          std::copy_n(vbuf.data() + int64_t(h) * D, D, vo);
+        } else {
+          const uint8_t* e = tok + int64_t(h) * p.entry_bytes;
+          dequantize(ks, e, 1, D, ko);
+          dequantize(vs, e + p.fmt.bytes, 1, D, vo);
+        }
+        if (p.keys_prerope) rope_one(ko, D, t, p.inv_freq, p.interleaved);
+      }
+    }
+  });
+  for (int64_t row = 0; row < n_rows; ++row) view_rows[row] = r.slots[row];
+  view->rows = view_rows;
+  view->tok_stride = p.slot_bytes;
+  view->v_offset = int64_t(D) * 4;
+  view->elt = KvElt::f32;
+  view->idx = r.slot_of;
+}
+
+}  // namespace kvtier

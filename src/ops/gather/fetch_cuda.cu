@@ -1,0 +1,317 @@
+// fetch_rows on the GPU (fetch.h): a slot cache per (sequence, KV head) row.
+// Pass 1, one block per row: slots are assigned as gather.h specifies (hits
+// keep their slot, found by binary search in the previous selection; free
+// slots ranked by a scan over a bitmap; the m-th miss in token order takes the
+// m-th free slot), the row's misses listed, the selection kept for the next
+// step. Pass 2 reads only the misses from pinned host memory (zero-copy), as
+// 16-byte chunks with several loads in flight per thread (PCIe reads are
+// bound by their count: a thread reading a record byte by byte was ~10×
+// slower): raw entries straight into their slots; records into a staging
+// row in GPU memory, then (pass 3) decoded into bf16 K|V slots (HIGGS,
+// NVFP4, f32, layer-wide records, pre-RoPE keys with RoPE applied, shadowkv's
+// keys rebuilt from the SVD).
+#include <cuda_bf16.h>
+
+#include <cub/block/block_scan.cuh>
+
+#include "backend/cuda_backend.h"
+#include "ops/gather/fetch_cuda.h"
+#include "ops/quant/quant_dev.cuh"
+
+namespace kvtier::cuda {
+namespace {
+
+cudaStream_t st(const Exec& x) { return static_cast<cudaStream_t>(x.stream); }
+
+constexpr int kMaxSlots = 32768;  // slots per row (the assignment's bitmap)
+constexpr int kAssignThreads = 1024;
+constexpr int kWords = kMaxSlots / 32;
+constexpr int kPrevCache = 8192;
+
+__device__ __forceinline__ int find_sorted(const int32_t* a, int n, int32_t t) {
+  int lo = 0, hi = n;
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (a[mid] < t) lo = mid + 1;
+    else hi = mid;
+  }
+  return (lo < n && a[lo] == t) ? lo : -1;
+}
+
+struct Scratch {
+  int2* miss_list;      // [rows, kmax] (token, slot)
+  int32_t* miss_count;  // [rows]
+  uint8_t* miss;        // [rows, kmax]
+  uint8_t* stage;       // [rows, kmax, stage_span] records read from the host (null: raw)
+  int64_t stage_span;
+};
+
+// Bytes staged per miss: the head's entry (layer-wide: the token's record;
+// values_only: V, then the generated token's key from kplane).
+int64_t stage_span_of(const FetchParams& p) {
+  if (p.raw) return 0;
+  return p.values_only ? 2 * p.entry_bytes : p.entry_bytes;
+}
+
+Scratch scratch_of(const FetchParams& p, void* s) {
+  const int64_t rows = int64_t(p.n_seq) * p.n_kv_head;
+  Scratch c;
+  c.stage = static_cast<uint8_t*>(s);  // first: 16-byte aligned
+  c.stage_span = stage_span_of(p);
+  c.miss_list = reinterpret_cast<int2*>(c.stage + rows * p.kmax * c.stage_span);
+  c.miss_count = reinterpret_cast<int32_t*>(c.miss_list + rows * p.kmax);
+  c.miss = reinterpret_cast<uint8_t*>(c.miss_count + rows);
+  if (!c.stage_span) c.stage = nullptr;
+  return c;
+}
+
+__global__ void __launch_bounds__(kAssignThreads) slot_assign_rows_kernel(FetchParams p, const int32_t* __restrict__ sel,
+                                                                           FetchRows fr, Scratch sc) {
+  using Scan = cub::BlockScan<uint32_t, kAssignThreads>;
+  __shared__ uint32_t used[kWords];
+  __shared__ uint32_t free_before[kWords];
+  __shared__ int32_t prev_cache[kPrevCache];
+  __shared__ typename Scan::TempStorage scan_tmp;
+  __shared__ uint32_t n_selected;
+  const int64_t r = blockIdx.x;
+  const int s = int(r / p.n_kv_head);
+  const int K = p.kmax, k = fr.kslots[s];
+  const int32_t* ir = sel + r * K + (K - k);
+  int32_t* prev_global = fr.prev_sel[r];
+  const int32_t* pi = prev_global;
+  if (k <= kPrevCache) {
+    for (int j = threadIdx.x; j < k; j += kAssignThreads) prev_cache[j] = pi[j];
+    pi = prev_cache;
+  }
+  int32_t* ps = fr.prev_slot[r];
+  int32_t* so = fr.slot_of + r * K;
+  uint8_t* mr = sc.miss + r * K;
+  const int n_words = (k + 31) / 32;
+  for (int w = threadIdx.x; w < n_words; w += kAssignThreads) used[w] = 0;
+  for (int j = threadIdx.x; j < K - k; j += kAssignThreads) so[j] = -1;
+  if (threadIdx.x == 0) n_selected = 0;
+  __syncthreads();
+  uint32_t mine = 0;
+  for (int j = threadIdx.x; j < k; j += kAssignThreads) {
+    const int32_t t = ir[j];
+    int32_t slot = -1;
+    bool is_miss = false;
+    if (t >= 0) {
+      ++mine;
+      const int at = find_sorted(pi, k, t);
+      if (at >= 0) {
+        slot = ps[at];
+        atomicOr(&used[slot >> 5], 1u << (slot & 31));
+      } else {
+        is_miss = true;
+      }
+    }
+    so[K - k + j] = slot;
+    mr[j] = is_miss;
+  }
+  if (mine) atomicAdd(&n_selected, mine);
+  __syncthreads();
+  {  // exclusive prefix of the free-slot counts over words
+    constexpr int kPer = kWords / kAssignThreads;
+    uint32_t cnt[kPer];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int w = threadIdx.x * kPer + i;
+      const int bits = w < n_words ? min(32, k - 32 * w) : 0;
+      const uint32_t valid = bits == 32 ? 0xffffffffu : (1u << bits) - 1u;
+      cnt[i] = w < n_words ? __popc(~used[w] & valid) : 0u;
+    }
+    Scan(scan_tmp).ExclusiveSum(cnt, cnt);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) free_before[threadIdx.x * kPer + i] = cnt[i];
+  }
+  __syncthreads();
+  uint32_t base = 0;
+  for (int j0 = 0; j0 < k; j0 += kAssignThreads) {
+    const int j = j0 + threadIdx.x;
+    const uint32_t m = j < k ? mr[j] : 0u;
+    uint32_t rank, total;
+    __syncthreads();
+    Scan(scan_tmp).ExclusiveSum(m, rank, total);
+    if (m) {
+      const uint32_t want = base + rank;
+      int lo = 0, hi = n_words - 1;  // last word with free_before <= want
+      while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (free_before[mid] <= want) lo = mid;
+        else hi = mid - 1;
+      }
+      const int bits = min(32, k - 32 * lo);
+      const uint32_t valid = bits == 32 ? 0xffffffffu : (1u << bits) - 1u;
+      const uint32_t f = ~used[lo] & valid;
+      const int pos = int(__fns(f, 0, int(want - free_before[lo]) + 1));
+      so[K - k + j] = lo * 32 + pos;
+      sc.miss_list[r * K + want] = make_int2(ir[j], lo * 32 + pos);
+    }
+    base += total;
+  }
+  __syncthreads();
+  // This step's selection is the next step's cache state.
+  for (int j = threadIdx.x; j < k; j += kAssignThreads) {
+    prev_global[j] = ir[j];
+    ps[j] = so[K - k + j];
+  }
+  if (threadIdx.x == 0) {
+    sc.miss_count[r] = int32_t(base);
+    if (fr.counters) {
+      atomicAdd(&fr.counters[s][0], (unsigned long long)n_selected);
+      atomicAdd(&fr.counters[s][1], (unsigned long long)base);
+    }
+  }
+}
+
+constexpr int kCopyThreads = 256;
+constexpr int kUnroll = 4;
+
+// The misses' host bytes as 16-byte chunks, kUnroll loads in flight: raw
+// entries into their slots, records into the row's staging area (part 0: the
+// head's entry or the token's layer-wide record; part 1, values_only: the
+// generated token's key from kplane).
+__global__ void __launch_bounds__(kCopyThreads) copy_misses_kernel(FetchParams p, FetchRows fr, Scratch sc) {
+  const int64_t r = blockIdx.y;
+  const int s = int(r / p.n_kv_head), h = int(r % p.n_kv_head);
+  const int64_t chunks = p.entry_bytes >> 4, parts = sc.stage && p.values_only ? 2 : 1;
+  const int2* ml = sc.miss_list + r * p.kmax;
+  const int64_t n_items = int64_t(sc.miss_count[r]) * parts * chunks;
+  const int64_t head_off = p.layer_wide ? 0 : int64_t(h) * p.entry_bytes;
+  const uint8_t* host = fr.host[s] + head_off;
+  const int64_t key_first = p.values_only ? fr.key_first[s] : -1;
+  const uint8_t* kplane = p.values_only ? fr.kplane[s] + head_off : nullptr;
+  const int64_t stride = int64_t(gridDim.x) * kCopyThreads;
+  for (int64_t b = int64_t(blockIdx.x) * kCopyThreads + threadIdx.x; b < n_items; b += stride * kUnroll) {
+    uint4 v[kUnroll];
+    uint4* d[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t item = b + u * stride;
+      d[u] = nullptr;
+      if (item >= n_items) continue;
+      const int64_t m = item / (parts * chunks), part = (item / chunks) % parts, c = item % chunks;
+      const int2 ts = ml[m];  // (token, slot)
+      const uint8_t* src;
+      if (part == 0) {
+        src = host + int64_t(ts.x) * p.tok_bytes;
+      } else {
+        if (key_first < 0 || ts.x < key_first) continue;  // a prompt key: rebuilt from the SVD
+        src = kplane + (ts.x - key_first) * p.tok_bytes;
+      }
+      v[u] = *(reinterpret_cast<const uint4*>(src) + c);  // plain load: pinned memory
+      uint8_t* dst = sc.stage ? sc.stage + (r * p.kmax + m) * sc.stage_span + part * p.entry_bytes
+                              : fr.slots[r] + int64_t(ts.y) * p.slot_bytes;
+      d[u] = reinterpret_cast<uint4*>(dst) + c;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (d[u]) *d[u] = v[u];
+  }
+}
+
+constexpr int kMaxDim = 1024;  // values of a record a thread decodes (layer-wide records up to this width)
+
+__device__ void rope_key(float* k, int D, int64_t t, const float* inv_freq, bool interleaved) {
+  const int half = D / 2;
+  for (int i = 0; i < half; ++i) {
+    double sn, cs;
+    sincos(double(t) * inv_freq[i], &sn, &cs);  // the angle in f64, as the CPU's Rope
+    const float c = float(cs), s = float(sn);
+    const int i0 = interleaved ? 2 * i : i, i1 = interleaved ? 2 * i + 1 : i + half;
+    const float x0 = k[i0], x1 = k[i1];
+    k[i0] = x0 * c - x1 * s;
+    k[i1] = x0 * s + x1 * c;
+  }
+}
+
+// Staged records decoded into bf16 K|V slots: a thread per (row, miss, K or
+// V). MaxDim: the widest record (the thread's local array).
+template <int MaxDim>
+__global__ void __launch_bounds__(64) slot_decode_rows_kernel(FetchParams p, DevFormat f, FetchRows fr, Scratch sc) {
+  const int64_t r = blockIdx.y;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(sc.miss_count[r]) * 2) return;
+  const int which = int(i % 2);  // 0: K, 1: V
+  const int64_t m = i / 2;
+  const int2 ts = sc.miss_list[r * p.kmax + m];
+  const int s = int(r / p.n_kv_head), h = int(r % p.n_kv_head), D = p.head_dim;
+  const int64_t t = ts.x;
+  DevFormat g = f;
+  g.tensor_scale = p.seq_scales ? p.seq_scales[2 * s + which] : (which ? p.v_scale : p.k_scale);
+  float x[MaxDim];
+  const uint8_t* rec = sc.stage + (r * p.kmax + m) * sc.stage_span;
+  float* val = x;
+  if (p.values_only) {
+    if (which == 1) {
+      dev_dequantize(g, rec, x);
+    } else if (fr.key_first[s] >= 0 && t >= fr.key_first[s]) {
+      dev_dequantize(g, rec + p.entry_bytes, x);
+    } else {  // K = RoPE(A[t] · B[:, head h]): the SVD's rebuild
+      const uint16_t* a = fr.svd_a[s] + t * p.rank;
+      const uint16_t* b = fr.svd_b[s] + int64_t(h) * D;
+      const int64_t W = int64_t(p.n_kv_head) * D;
+      for (int d = 0; d < D; ++d) x[d] = 0.f;
+      for (int q = 0; q < p.rank; ++q) {
+        const float c = __bfloat162float(__ushort_as_bfloat16(a[q]));
+        const uint16_t* bq = b + q * W;
+        for (int d = 0; d < D; ++d) x[d] += c * __bfloat162float(__ushort_as_bfloat16(bq[d]));
+      }
+      rope_key(x, D, t, p.inv_freq, p.interleaved);
+    }
+  } else if (p.layer_wide) {
+    dev_dequantize(g, rec + int64_t(which) * f.bytes, x);
+    val = x + int64_t(h) * D;
+  } else {
+    dev_dequantize(g, rec + int64_t(which) * f.bytes, x);
+  }
+  if (which == 0 && p.keys_prerope) rope_key(val, D, t, p.inv_freq, p.interleaved);
+  auto* dst = reinterpret_cast<__nv_bfloat16*>(fr.slots[r] + int64_t(ts.y) * p.slot_bytes) + int64_t(which) * D;
+  for (int d = 0; d < D; ++d) dst[d] = __float2bfloat16_rn(val[d]);
+}
+
+}  // namespace
+
+int64_t fetch_scratch_bytes(const FetchParams& p) {
+  const int64_t rows = int64_t(p.n_seq) * p.n_kv_head;
+  return rows * int64_t(p.kmax) * stage_span_of(p) + rows * (int64_t(p.kmax) * 9 + 4) + 16;
+}
+
+void fetch_rows(const Exec& x, const FetchParams& p, const int32_t* sel, const FetchRows& r, FetchView* view) {
+  const int64_t rows = int64_t(p.n_seq) * p.n_kv_head;
+  KVT_CHECK(p.kmax > 0 && p.kmax <= kMaxSlots, "fetch_rows: {} selected per row (at most {})", p.kmax, kMaxSlots);
+  KVT_CHECK(p.slot_bytes % 16 == 0, "fetch_rows: slots of {} bytes must be 16-byte multiples", p.slot_bytes);
+  view->rows = r.slots;
+  view->tok_stride = p.slot_bytes;
+  view->v_offset = int64_t(p.head_dim) * kv_elt_bytes(p.elt);
+  view->elt = p.elt;
+  view->idx = r.slot_of;
+  if (rows == 0) return;
+  const Scratch sc = scratch_of(p, r.scratch);
+  KVT_CHECK(p.entry_bytes % 16 == 0 && p.tok_bytes % 16 == 0,
+            "fetch_rows: host entries of {} bytes (tokens of {}) must be 16-byte multiples", p.entry_bytes,
+            p.tok_bytes);
+  slot_assign_rows_kernel<<<unsigned(rows), kAssignThreads, 0, st(x)>>>(p, sel, r, sc);
+  KVT_CUDA_LAUNCH_CHECK("slot_assign_rows_kernel");
+  if (p.raw)
+    KVT_CHECK(p.slot_bytes == p.entry_bytes && !p.layer_wide && !p.values_only,
+              "fetch_rows: raw slots ({} bytes) hold whole per-head entries ({} bytes)", p.slot_bytes, p.entry_bytes);
+  else
+    KVT_CHECK(p.elt == KvElt::bf16, "fetch_rows (CUDA): decoded slots are bf16");
+  const int64_t parts = !p.raw && p.values_only ? 2 : 1;
+  const int64_t per_row = std::max<int64_t>(1, int64_t(device_info().n_sm) * 8 / rows);
+  const int64_t need =
+      (int64_t(p.kmax) * parts * (p.entry_bytes / 16) + kCopyThreads * kUnroll - 1) / (kCopyThreads * kUnroll);
+  copy_misses_kernel<<<dim3(unsigned(std::min(per_row, need)), unsigned(rows)), kCopyThreads, 0, st(x)>>>(p, r, sc);
+  KVT_CUDA_LAUNCH_CHECK("copy_misses_kernel");
+  if (p.raw) return;
+  KVT_CHECK(p.fmt.dim <= kMaxDim, "fetch_rows (CUDA): records of {} values exceed {}", p.fmt.dim, kMaxDim);
+  const DevFormat f = make_dev_format(p.fmt);
+  const dim3 grid{unsigned((int64_t(p.kmax) * 2 + 63) / 64), unsigned(rows)};
+  if (p.fmt.dim <= 256) slot_decode_rows_kernel<256><<<grid, 64, 0, st(x)>>>(p, f, r, sc);
+  else slot_decode_rows_kernel<kMaxDim><<<grid, 64, 0, st(x)>>>(p, f, r, sc);
+  KVT_CUDA_LAUNCH_CHECK("slot_decode_rows_kernel");
+}
+
+}  // namespace kvtier::cuda

@@ -1,0 +1,90 @@
+// index_rows.h's dispatchers: the one place that picks the CPU or CUDA version.
+#include "core/status.h"
+#include "ops/index_score/index_rows.h"
+#ifdef KVT_CUDA
+#include "ops/index_score/index_rows_cuda.h"
+#endif
+
+#include <atomic>
+
+namespace kvtier {
+
+namespace {
+std::atomic<int64_t> g_cpu_calls{0};
+}  // namespace
+int64_t cpu_decode_op_calls() { return g_cpu_calls.load(); }
+void note_cpu_decode_op() { g_cpu_calls.fetch_add(1, std::memory_order_relaxed); }
+
+void step_plan_rows(const Exec& x, const StepPlanParams& p, const int64_t* n, const int32_t* budget_chunks, const int32_t* n_outlier, StepRanges* out) {
+#ifdef KVT_CUDA
+  if (x.cuda()) return cuda::step_plan_rows(x, p, n, budget_chunks, n_outlier, out);
+#endif
+  KVT_CHECK(!x.cuda(), "step_plan_rows: built without CUDA");
+  note_cpu_decode_op();
+  step_plan_rows_cpu(p, n, budget_chunks, n_outlier, out);
+}
+
+void index_query_rows(const Exec& x, const IndexQueryParams& p, const void* q, float* out) {
+#ifdef KVT_CUDA
+  if (x.cuda()) return cuda::index_query_rows(x, p, q, out);
+#endif
+  KVT_CHECK(!x.cuda(), "index_query_rows: built without CUDA");
+  note_cpu_decode_op();
+  index_query_rows_cpu(p, static_cast<const float*>(q), out);
+}
+
+void score_rows(const Exec& x, const ScoreRowsParams& p, const float* q, const uint8_t* const* plane0, const uint8_t* const* plane1, const StepRanges* ranges, float* scores) {
+#ifdef KVT_CUDA
+  if (x.cuda()) return cuda::score_rows(x, p, q, plane0, plane1, ranges, scores);
+#endif
+  KVT_CHECK(!x.cuda(), "score_rows: built without CUDA");
+  note_cpu_decode_op();
+  score_rows_cpu(p, q, plane0, plane1, ranges, scores);
+}
+
+void gqa_rows(const Exec& x, const GqaRowsParams& p, const float* raw, const StepRanges* ranges, float* out) {
+#ifdef KVT_CUDA
+  if (x.cuda()) return cuda::gqa_rows(x, p, raw, ranges, out);
+#endif
+  KVT_CHECK(!x.cuda(), "gqa_rows: built without CUDA");
+  note_cpu_decode_op();
+  gqa_rows_cpu(p, raw, ranges, out);
+}
+
+void mask_rows(const Exec& x, int64_t n_rows, int n_kv_head, int64_t stride, int n_forced, const int32_t* forced, const StepRanges* ranges, float* scores) {
+#ifdef KVT_CUDA
+  if (x.cuda()) return cuda::mask_rows(x, n_rows, n_kv_head, stride, n_forced, forced, ranges, scores);
+#endif
+  KVT_CHECK(!x.cuda(), "mask_rows: built without CUDA");
+  note_cpu_decode_op();
+  mask_rows_cpu(n_rows, n_kv_head, stride, n_forced, forced, ranges, scores);
+}
+
+void topk_rows(const Exec& x, int64_t n_rows, int n_kv_head, int64_t stride, int kmax, const float* scores, const StepRanges* ranges, int32_t* out) {
+#ifdef KVT_CUDA
+  if (x.cuda()) return cuda::topk_rows(x, n_rows, n_kv_head, stride, kmax, scores, ranges, out);
+#endif
+  KVT_CHECK(!x.cuda(), "topk_rows: built without CUDA");
+  note_cpu_decode_op();
+  topk_rows_cpu(n_rows, n_kv_head, stride, kmax, scores, ranges, out);
+}
+
+void expand_rows(const Exec& x, const ExpandRowsParams& p, const int32_t* chunks, const int32_t* forced, const StepRanges* ranges, int32_t* tokens) {
+#ifdef KVT_CUDA
+  if (x.cuda()) return cuda::expand_rows(x, p, chunks, forced, ranges, tokens);
+#endif
+  KVT_CHECK(!x.cuda(), "expand_rows: built without CUDA");
+  note_cpu_decode_op();
+  expand_rows_cpu(p, chunks, forced, ranges, tokens);
+}
+
+void resident_list(const Exec& x, const ResidentListParams& p, const int32_t* forced, const StepRanges* ranges, int32_t* slots) {
+#ifdef KVT_CUDA
+  if (x.cuda()) return cuda::resident_list(x, p, forced, ranges, slots);
+#endif
+  KVT_CHECK(!x.cuda(), "resident_list: built without CUDA");
+  note_cpu_decode_op();
+  resident_list_cpu(p, forced, ranges, slots);
+}
+
+}  // namespace kvtier

@@ -1,0 +1,141 @@
+// The decode step's scoring and selection over a batch of rows (row r =
+// sequence s · n_kv_head + KV head), each row with its own index storage and
+// its own lengths, so that sequences of any length share one launch:
+//   index_query   the query each row scores with (mean of the GQA group, or
+//                 each of its heads), rotated for a HIGGS index;
+//   score_rows    q · landmark for chunks [0, n_chunk[s]) (every chunk; with
+//                 gqa=mean only the candidates [c_lo[s], c_hi[s])), reading
+//                 the records in place (no dequantized copy of the index);
+//   gqa_rows      ShadowKV's GQA aggregation over the candidates: per query
+//                 the softmax over all n_chunk scores, then the max over the
+//                 group's queries, in log form;
+//   mask_rows     chunks forced resident (shadowkv outliers) out of the race;
+//   topk_rows     the k[s] best candidates per row, as chunk ids ascending,
+//                 right-aligned in kmax slots with −1 before them;
+//   expand_rows   chunk ids → token ids (ascending, −1 first), dropping
+//                 tokens that are resident (sinks, the window, outliers).
+// The CPU functions (index_rows_cpu.cpp) are the specification the CUDA ones
+// are tested against; dispatchers choose by Exec (index_rows.cpp).
+#pragma once
+#include <cstdint>
+
+#include "backend/device.h"
+#include "ops/kv_append/kv_write.h"
+
+namespace kvtier {
+
+// Per sequence, for one decode step (all layers share it): computed from the
+// tokens held by step_plan_rows.
+struct StepRanges {
+  int64_t n = 0;        // tokens held, the current one included
+  int64_t n_chunk = 0;  // indexed chunks: [0, n_chunk) cover tokens [0, n_chunk·chunk)
+  int64_t c_lo = 0, c_hi = 0;  // candidate chunks
+  int64_t k = 0;        // chunks to select: min(kmax_chunks, c_hi − c_lo)
+  int64_t n_res = 0;    // resident tokens attended (sinks ∪ window; outliers aside)
+  int64_t win_lo = 0;   // first token of the resident window
+  int64_t n_out = 0;    // outlier tokens resident per head (shadowkv)
+  int64_t pad = 0;
+};
+
+struct StepPlanParams {
+  int n_seq = 0;
+  int chunk = 1, unit = 1;
+  int sink = 0, local = 0;
+  int ring = 0;
+  int32_t kmax = 0;  // chunks selected per row at most (budget / chunk, ≥ 1)
+};
+// n: [n_seq] tokens held; budget_chunks: [n_seq] (the sequence's budget / chunk);
+// n_outlier: [n_seq] outlier tokens per head, or null → out [n_seq]
+void step_plan_rows(const Exec& x, const StepPlanParams& p, const int64_t* n, const int32_t* budget_chunks,
+                    const int32_t* n_outlier, StepRanges* out);
+void step_plan_rows_cpu(const StepPlanParams& p, const int64_t* n, const int32_t* budget_chunks,
+                        const int32_t* n_outlier, StepRanges* out);
+
+// q: [n_seq, n_head, head_dim] (CPU f32, CUDA bf16) → out [n_seq, n_kv_head, n_q, head_dim] f32,
+// n_q = 1 (mean of the group) or the group; rotated by the orthonormal Hadamard of
+// rotate_group values (after ±1 signs) when rotate_group > 0.
+struct IndexQueryParams {
+  int n_seq = 0, n_head = 0, n_kv_head = 0, head_dim = 0;
+  bool mean_group = true;
+  int rotate_group = 0;
+  const float* signs = nullptr;  // [rotate_group] or null
+};
+void index_query_rows(const Exec& x, const IndexQueryParams& p, const void* q, float* out);
+void index_query_rows_cpu(const IndexQueryParams& p, const float* q, float* out);
+
+struct ScoreRowsParams {
+  int n_seq = 0, n_kv_head = 0, head_dim = 0;
+  int n_q = 1;               // queries per row (> 1: per-query scores for gqa_rows)
+  IndexRecLayout layout = IndexRecLayout::records;
+  RecordFormat fmt;          // records / residual format (planar: unused)
+  RecordFormat meta;         // residual
+  int m = 1;                 // residual: chunks per meta record
+  bool candidates_only = false;  // score [c_lo, c_hi) only (written from index 0), else [0, n_chunk)
+  float scale = 1.f;         // multiplies every score (1/√head_dim: ShadowKV's softmax temperature)
+  const float* seq_scales = nullptr;  // [n_seq] nvfp4 records: each sequence's per-tensor scale
+  int64_t out_stride = 0;    // floats between (row, query) score rows
+};
+// q: [rows, n_q, head_dim] f32 (index_query_rows); plane0/plane1 as index_write;
+// scores: [rows, n_q, out_stride] f32
+void score_rows(const Exec& x, const ScoreRowsParams& p, const float* q, const uint8_t* const* plane0,
+                const uint8_t* const* plane1, const StepRanges* ranges, float* scores);
+void score_rows_cpu(const ScoreRowsParams& p, const float* q, const uint8_t* const* plane0,
+                    const uint8_t* const* plane1, const StepRanges* ranges, float* scores);
+
+// raw: [rows, n_q, in_stride] scores over [0, n_chunk) → out: [rows, out_stride],
+// out[i] = max_j (raw_j[c_lo + i] − lse_j) for i < c_hi − c_lo.
+struct GqaRowsParams {
+  int n_seq = 0, n_kv_head = 0, n_q = 1;
+  int64_t in_stride = 0, out_stride = 0;
+  void* scratch = nullptr;  // CUDA: gqa_rows_scratch_bytes of device memory
+};
+int64_t gqa_rows_scratch_bytes(int64_t n_rows, int n_q);
+void gqa_rows(const Exec& x, const GqaRowsParams& p, const float* raw, const StepRanges* ranges, float* out);
+void gqa_rows_cpu(const GqaRowsParams& p, const float* raw, const StepRanges* ranges, float* out);
+
+// scores [rows, stride] over candidates c_lo..: forced chunk ids (ascending,
+// n_forced per row, forced[r][0..n_forced)) become −inf.
+void mask_rows(const Exec& x, int64_t n_rows, int n_kv_head, int64_t stride, int n_forced,
+               const int32_t* forced, const StepRanges* ranges, float* scores);
+void mask_rows_cpu(int64_t n_rows, int n_kv_head, int64_t stride, int n_forced, const int32_t* forced,
+                   const StepRanges* ranges, float* scores);
+
+// scores [rows, stride] over candidates i = 0 .. c_hi − c_lo; out [rows, kmax]:
+// the k[s] best (higher first, ties to the lower chunk) as chunk ids c_lo + i,
+// ascending, in out[kmax − k ..], −1 before.
+void topk_rows(const Exec& x, int64_t n_rows, int n_kv_head, int64_t stride, int kmax, const float* scores,
+               const StepRanges* ranges, int32_t* out);
+void topk_rows_cpu(int64_t n_rows, int n_kv_head, int64_t stride, int kmax, const float* scores,
+                   const StepRanges* ranges, int32_t* out);
+
+// chunks [rows, kmax] (topk_rows) → tokens [rows, kmax·chunk], ascending, −1
+// first; a token is dropped when t < sink, t ≥ win_lo, or its chunk is forced.
+struct ExpandRowsParams {
+  int64_t n_rows = 0;
+  int n_kv_head = 0, kmax = 0, chunk = 1, sink = 0, n_forced = 0;
+};
+void expand_rows(const Exec& x, const ExpandRowsParams& p, const int32_t* chunks, const int32_t* forced,
+                 const StepRanges* ranges, int32_t* tokens);
+void expand_rows_cpu(const ExpandRowsParams& p, const int32_t* chunks, const int32_t* forced,
+                     const StepRanges* ranges, int32_t* tokens);
+
+// Resident slots attended by each row's query (sinks, then the window's ring
+// slots in token order, then the outlier tokens that are neither sinks nor in
+// the window: outlier chunk i's token j sits in slot sink + ring + i·chunk + j,
+// the row's chunk ids in forced[r] with −1 first), −1 padded to n_slots:
+// slots [rows, n_slots].
+struct ResidentListParams {
+  int64_t n_rows = 0;
+  int n_kv_head = 0, sink = 0, ring = 0, n_slots = 0;
+  int chunk = 1, n_forced = 0;  // outlier chunks per row (forced's width)
+};
+void resident_list(const Exec& x, const ResidentListParams& p, const int32_t* forced, const StepRanges* ranges,
+                   int32_t* slots);
+void resident_list_cpu(const ResidentListParams& p, const int32_t* forced, const StepRanges* ranges, int32_t* slots);
+
+// How many times a decode-step op (kv_write, index_rows, fetch, decode_attn)
+// ran its CPU version in this process: a GPU sequence must never.
+int64_t cpu_decode_op_calls();
+void note_cpu_decode_op();
+
+}  // namespace kvtier

@@ -1,0 +1,216 @@
+// The decode step's scoring and selection on the CPU: the specification of
+// index_rows.h (and the CPU backend's implementation). Scores come from the
+// CPU quantizer's score() over the records in place.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/half.h"
+#include "core/status.h"
+#include "core/threads.h"
+#include "ops/index_score/index_rows.h"
+#include "ops/quant/hadamard.h"
+#include "ops/topk/topk.h"
+
+namespace kvtier {
+
+void step_plan_rows_cpu(const StepPlanParams& p, const int64_t* n, const int32_t* budget_chunks,
+                        const int32_t* n_outlier, StepRanges* out) {
+  for (int s = 0; s < p.n_seq; ++s) {
+    StepRanges& r = out[s];
+    r.n = n[s];
+    const int64_t n_indexed = r.n / p.unit * p.unit;
+    r.n_chunk = n_indexed / p.chunk;
+    // Always attended: the window and the tokens of a unit not indexed yet.
+    const int64_t window = std::max<int64_t>(p.local, r.n - n_indexed);
+    r.win_lo = std::min(r.n, std::max<int64_t>(p.sink, r.n - window));
+    r.c_lo = std::min<int64_t>(p.sink / p.chunk, r.n_chunk);
+    const int64_t open_end = r.n - p.local;  // tokens below it may be selected
+    r.c_hi = open_end > 0 ? std::min(r.n_chunk, (open_end + p.chunk - 1) / p.chunk) : 0;
+    r.c_hi = std::max(r.c_hi, r.c_lo);
+    const int64_t want = std::max<int32_t>(1, std::min(budget_chunks[s], p.kmax));
+    r.k = std::min(want, r.c_hi - r.c_lo);
+    r.n_res = std::min<int64_t>(r.n, p.sink) + (r.n - r.win_lo);
+    r.n_out = n_outlier ? n_outlier[s] : 0;
+    r.pad = 0;
+  }
+}
+
+void index_query_rows_cpu(const IndexQueryParams& p, const float* q, float* out) {
+  const int H = p.n_kv_head, D = p.head_dim, G = p.n_head / p.n_kv_head, n_q = p.mean_group ? 1 : G;
+  KVT_CHECK(p.rotate_group == 0 || (D % p.rotate_group == 0 && is_power_of_two(p.rotate_group)),
+            "index_query: rotation group {} must be a power of two dividing head_dim {}", p.rotate_group, D);
+  for (int s = 0; s < p.n_seq; ++s)
+    for (int h = 0; h < H; ++h)
+      for (int j = 0; j < n_q; ++j) {
+        float* o = out + ((int64_t(s) * H + h) * n_q + j) * D;
+        const float* qs = q + (int64_t(s) * p.n_head + int64_t(h) * G) * D;
+        if (p.mean_group) {
+          std::fill(o, o + D, 0.0f);
+          for (int g = 0; g < G; ++g)
+            for (int d = 0; d < D; ++d) o[d] += qs[int64_t(g) * D + d];
+          for (int d = 0; d < D; ++d) o[d] /= float(G);
+        } else {
+          std::copy_n(qs + int64_t(j) * D, D, o);
+        }
+        if (p.rotate_group > 0)
+          for (int g0 = 0; g0 < D; g0 += p.rotate_group) {
+            if (p.signs)
+              for (int d = 0; d < p.rotate_group; ++d) o[g0 + d] *= p.signs[d];
+            hadamard_transform(o + g0, p.rotate_group);
+          }
+      }
+}
+
+void score_rows_cpu(const ScoreRowsParams& p, const float* q, const uint8_t* const* plane0,
+                    const uint8_t* const* plane1, const StepRanges* ranges, float* scores) {
+  KVT_CHECK(p.layout != IndexRecLayout::planar_higgs2, "score_rows: the planar index is the GPU's layout");
+  const int H = p.n_kv_head, D = p.head_dim;
+  const int64_t n_rows = int64_t(p.n_seq) * H;
+  default_pool().parallel_for(n_rows, 1, [&](int64_t r0, int64_t r1, int) {
+    std::vector<float> meta;  // [n_q, n_meta]
+    for (int64_t r = r0; r < r1; ++r) {
+      const StepRanges& sr = ranges[r / H];
+      QuantSpec fmt = p.fmt.spec;
+      if (p.seq_scales) fmt.tensor_scale = p.seq_scales[r / H];
+      const int64_t c0 = p.candidates_only ? sr.c_lo : 0;
+      const int64_t n = p.candidates_only ? sr.c_hi - sr.c_lo : sr.n_chunk;
+      KVT_CHECK(n <= p.out_stride, "score_rows: {} chunks exceed the row stride {}", n, p.out_stride);
+      float* out = scores + r * p.n_q * p.out_stride;
+      if (n <= 0) continue;
+      ScoreParams sp;
+      sp.q = q + r * p.n_q * D;
+      sp.n_q = p.n_q;
+      sp.dim = D;
+      if (p.n_q == 1) {
+        sp.codes = plane0[r] + c0 * p.fmt.bytes;
+        sp.n_vec = n;
+        sp.scores = out;
+        score(fmt, sp);
+      } else {  // [n_q, n] scores land out_stride apart
+        std::vector<float> tmp(size_t(p.n_q) * n);
+        sp.codes = plane0[r] + c0 * p.fmt.bytes;
+        sp.n_vec = n;
+        sp.scores = tmp.data();
+        score(fmt, sp);
+        for (int j = 0; j < p.n_q; ++j) std::copy_n(tmp.data() + j * n, n, out + j * p.out_stride);
+      }
+      if (p.layout == IndexRecLayout::residual) {
+        const int64_t u0 = c0 / p.m, u1 = (c0 + n + p.m - 1) / p.m;
+        meta.resize(size_t(p.n_q) * (u1 - u0));
+        sp.codes = plane1[r] + u0 * p.meta.bytes;
+        sp.n_vec = u1 - u0;
+        sp.scores = meta.data();
+        score(p.meta.spec, sp);
+        for (int j = 0; j < p.n_q; ++j)
+          for (int64_t i = 0; i < n; ++i) out[j * p.out_stride + i] += meta[size_t(j * (u1 - u0) + (c0 + i) / p.m - u0)];
+      }
+      for (int j = 0; j < p.n_q; ++j)
+        for (int64_t i = 0; i < n; ++i) out[j * p.out_stride + i] *= p.scale;
+    }
+  });
+}
+
+void gqa_rows_cpu(const GqaRowsParams& p, const float* raw, const StepRanges* ranges, float* out) {
+  const int64_t n_rows = int64_t(p.n_seq) * p.n_kv_head;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const StepRanges& sr = ranges[r / p.n_kv_head];
+    std::vector<double> lse(size_t(p.n_q));
+    for (int j = 0; j < p.n_q; ++j) {
+      const float* x = raw + (r * p.n_q + j) * p.in_stride;
+      double m = -INFINITY;
+      for (int64_t i = 0; i < sr.n_chunk; ++i) m = std::max(m, double(x[i]));
+      double sum = 0;
+      for (int64_t i = 0; i < sr.n_chunk; ++i) sum += std::exp(double(x[i]) - m);
+      lse[size_t(j)] = m + std::log(sum);
+    }
+    float* o = out + r * p.out_stride;
+    for (int64_t i = 0; i < sr.c_hi - sr.c_lo; ++i) {
+      double best = -INFINITY;
+      for (int j = 0; j < p.n_q; ++j)
+        best = std::max(best, double(raw[(r * p.n_q + j) * p.in_stride + sr.c_lo + i]) - lse[size_t(j)]);
+      o[i] = float(best);
+    }
+  }
+}
+
+int64_t gqa_rows_scratch_bytes(int64_t n_rows, int n_q) { return n_rows * n_q * 32 * 8 + 16; }
+
+void mask_rows_cpu(int64_t n_rows, int n_kv_head, int64_t stride, int n_forced, const int32_t* forced,
+                   const StepRanges* ranges, float* scores) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const StepRanges& sr = ranges[r / n_kv_head];
+    for (int i = 0; i < n_forced; ++i) {
+      const int64_t c = forced[r * n_forced + i];
+      if (c >= sr.c_lo && c < sr.c_hi) scores[r * stride + (c - sr.c_lo)] = -INFINITY;
+    }
+  }
+}
+
+void topk_rows_cpu(int64_t n_rows, int n_kv_head, int64_t stride, int kmax, const float* scores,
+                   const StepRanges* ranges, int32_t* out) {
+  std::vector<int64_t> order;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const StepRanges& sr = ranges[r / n_kv_head];
+    const int64_t n = sr.c_hi - sr.c_lo;
+    const int64_t k = std::min<int64_t>(std::min<int64_t>(sr.k, kmax), n);
+    const float* s = scores + r * stride;
+    int32_t* o = out + r * kmax;
+    order.resize(size_t(n));
+    for (int64_t i = 0; i < n; ++i) order[size_t(i)] = i;
+    auto better = [s](int64_t a, int64_t b) {
+      const uint32_t ka = topk_order_key(s[a]), kb = topk_order_key(s[b]);
+      return ka > kb || (ka == kb && a < b);
+    };
+    if (k < n) std::nth_element(order.begin(), order.begin() + k, order.end(), better);
+    std::sort(order.begin(), order.begin() + k);
+    for (int64_t i = 0; i < kmax - k; ++i) o[i] = -1;
+    for (int64_t i = 0; i < k; ++i) o[kmax - k + i] = int32_t(sr.c_lo + order[size_t(i)]);
+  }
+}
+
+void expand_rows_cpu(const ExpandRowsParams& p, const int32_t* chunks, const int32_t* forced,
+                     const StepRanges* ranges, int32_t* tokens) {
+  const int64_t width = int64_t(p.kmax) * p.chunk;
+  std::vector<int32_t> keep;
+  for (int64_t r = 0; r < p.n_rows; ++r) {
+    const StepRanges& sr = ranges[r / p.n_kv_head];
+    keep.clear();
+    for (int i = 0; i < p.kmax; ++i) {
+      const int32_t c = chunks[r * p.kmax + i];
+      if (c < 0) continue;
+      if (forced && std::binary_search(forced + r * p.n_forced, forced + (r + 1) * p.n_forced, c)) continue;
+      for (int t = 0; t < p.chunk; ++t) {
+        const int64_t tok = int64_t(c) * p.chunk + t;
+        if (tok >= p.sink && tok < sr.win_lo) keep.push_back(int32_t(tok));
+      }
+    }
+    int32_t* o = tokens + r * width;
+    const int64_t pad = width - int64_t(keep.size());
+    std::fill(o, o + pad, -1);
+    std::copy(keep.begin(), keep.end(), o + pad);
+  }
+}
+
+void resident_list_cpu(const ResidentListParams& p, const int32_t* forced, const StepRanges* ranges, int32_t* slots) {
+  for (int64_t r = 0; r < p.n_rows; ++r) {
+    const StepRanges& sr = ranges[r / p.n_kv_head];
+    int32_t* o = slots + r * p.n_slots;
+    int j = 0;
+    for (int64_t t = 0; t < std::min<int64_t>(sr.n, p.sink); ++t) o[j++] = int32_t(t);
+    for (int64_t t = sr.win_lo; t < sr.n; ++t) o[j++] = int32_t(p.sink + t % p.ring);
+    const int n_out = int(sr.n_out / p.chunk);  // the row's outlier chunks: the last n_out of forced[r]
+    for (int i = 0; i < n_out && forced; ++i) {
+      const int64_t ch = forced[r * p.n_forced + (p.n_forced - n_out) + i];
+      for (int t = 0; t < p.chunk; ++t) {
+        const int64_t tok = ch * p.chunk + t;
+        if (tok >= p.sink && tok < sr.win_lo) o[j++] = int32_t(p.sink + p.ring + int64_t(i) * p.chunk + t);
+      }
+    }
+    KVT_CHECK(j <= p.n_slots, "resident_list: {} slots exceed {}", j, p.n_slots);
+    for (; j < p.n_slots; ++j) o[j] = -1;
+  }
+}
+
+}  // namespace kvtier

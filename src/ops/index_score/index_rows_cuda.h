@@ -1,0 +1,22 @@
+// CUDA versions of index_rows.h (device pointers; q of index_query bf16).
+#pragma once
+#include "ops/index_score/index_rows.h"
+
+namespace kvtier::cuda {
+
+void step_plan_rows(const Exec& x, const StepPlanParams& p, const int64_t* n, const int32_t* budget_chunks,
+                    const int32_t* n_outlier, StepRanges* out);
+void index_query_rows(const Exec& x, const IndexQueryParams& p, const void* q_bf16, float* out);
+void score_rows(const Exec& x, const ScoreRowsParams& p, const float* q, const uint8_t* const* plane0,
+                const uint8_t* const* plane1, const StepRanges* ranges, float* scores);
+void gqa_rows(const Exec& x, const GqaRowsParams& p, const float* raw, const StepRanges* ranges, float* out);
+void mask_rows(const Exec& x, int64_t n_rows, int n_kv_head, int64_t stride, int n_forced, const int32_t* forced,
+               const StepRanges* ranges, float* scores);
+void topk_rows(const Exec& x, int64_t n_rows, int n_kv_head, int64_t stride, int kmax, const float* scores,
+               const StepRanges* ranges, int32_t* out);
+void expand_rows(const Exec& x, const ExpandRowsParams& p, const int32_t* chunks, const int32_t* forced,
+                 const StepRanges* ranges, int32_t* tokens);
+void resident_list(const Exec& x, const ResidentListParams& p, const int32_t* forced, const StepRanges* ranges,
+                   int32_t* slots);
+
+}  // namespace kvtier::cuda

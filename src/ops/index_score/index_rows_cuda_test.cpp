@@ -1,0 +1,329 @@
+// index_rows.h on the GPU against its CPU specification: step plans, the
+// index query, scoring of every index layout (planar 2-bit HIGGS, dense bf16 /
+// fp8, any quant_format record, residual landmarks) over ragged rows, the GQA
+// softmax-max, masks, top-k (exact, ties included), chunk expansion and the
+// resident lists (exact).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+
+#include "backend/cuda_test_util.h"
+#include "ops/index_score/index_rows.h"
+#include "ops/quant/hadamard.h"
+#include "ops/quant/higgs_grid.h"
+#include "ops/quant/residual_quant.h"
+
+namespace kvtier {
+namespace {
+using namespace cuda::testing;
+
+// Ragged step ranges for n_seq sequences (both devices compute them; they must agree).
+std::vector<StepRanges> ranges_for(const StepPlanParams& sp, const std::vector<int64_t>& n,
+                                   const std::vector<int32_t>& budget, const Exec& x, cuda::DeviceBuffer* d_ranges) {
+  std::vector<StepRanges> cpu(n.size());
+  step_plan_rows_cpu(sp, n.data(), budget.data(), nullptr, cpu.data());
+  auto dn = to_device(n), db = to_device(budget);
+  *d_ranges = cuda::DeviceBuffer(n.size() * sizeof(StepRanges));
+  poison(*d_ranges);
+  step_plan_rows(x, sp, dn.data<int64_t>(), db.data<int32_t>(), nullptr, d_ranges->data<StepRanges>());
+  sync(x);
+  auto got = to_host<StepRanges>(*d_ranges, n.size());
+  for (size_t s = 0; s < n.size(); ++s) {
+    EXPECT_EQ(got[s].n, cpu[s].n);
+    EXPECT_EQ(got[s].n_chunk, cpu[s].n_chunk) << s;
+    EXPECT_EQ(got[s].c_lo, cpu[s].c_lo) << s;
+    EXPECT_EQ(got[s].c_hi, cpu[s].c_hi) << s;
+    EXPECT_EQ(got[s].k, cpu[s].k) << s;
+    EXPECT_EQ(got[s].n_res, cpu[s].n_res) << s;
+    EXPECT_EQ(got[s].win_lo, cpu[s].win_lo) << s;
+  }
+  return cpu;
+}
+
+TEST(IndexRowsCuda, StepPlanMatchesCpu) {
+  KVT_REQUIRE_GPU();
+  Device dev(DeviceKind::cuda);
+  for (int chunk : {1, 4, 8})
+    for (int m : {1, 8}) {
+      StepPlanParams sp{5, chunk, chunk * m, 4, 64, std::max(64, chunk * m - 1), 100};
+      std::vector<int64_t> n{1, 63, 70, 1000, 131072};
+      std::vector<int32_t> budget{1, 5, 50, 100, 4096};
+      cuda::DeviceBuffer d;
+      ranges_for(sp, n, budget, dev.exec(), &d);
+    }
+}
+
+struct Rows {
+  std::vector<std::vector<uint8_t>> host;  // per row: plane bytes
+  std::vector<cuda::DeviceBuffer> dev;
+  cuda::DeviceBuffer table;
+  std::vector<const uint8_t*> host_ptrs;
+  void finish() {
+    std::vector<const uint8_t*> ptrs;
+    for (size_t r = 0; r < host.size(); ++r) {
+      dev.push_back(to_device(host[r]));
+      ptrs.push_back(dev.back().data<uint8_t>());
+      host_ptrs.push_back(host[r].data());
+    }
+    table = to_device(ptrs);
+  }
+  const uint8_t* const* d() const { return table.data<const uint8_t* const>(); }
+};
+
+struct ScoreCase {
+  const char* spec;  // records format; "planar" for the GPU's higgs2 planes; "residual" (higgs4 meta + 1bit)
+  int head_dim = 128;
+  int n_q = 1;
+  bool candidates_only = true;
+};
+
+class ScoreRowsCuda : public ::testing::TestWithParam<ScoreCase> {};
+
+TEST_P(ScoreRowsCuda, MatchesTheCpuQuantizersScores) {
+  KVT_REQUIRE_GPU();
+  const ScoreCase c = GetParam();
+  const std::string spec = c.spec;
+  Device dev(DeviceKind::cuda);
+  const Exec& x = dev.exec();
+  std::mt19937 rng(21 + c.head_dim + c.n_q);
+  const int D = c.head_dim, H = 3, n_seq = 2;
+  const int64_t rows = int64_t(n_seq) * H;
+  StepPlanParams sp{n_seq, 1, spec == "residual" ? 8 : 1, 4, 64, 64, 64};
+  const std::vector<int64_t> n{900, 2500};
+  const std::vector<int32_t> budget{64, 64};
+  cuda::DeviceBuffer d_ranges;
+  const auto ranges = ranges_for(sp, n, budget, x, &d_ranges);
+  const int64_t stride = 2600;
+  const bool planar = spec == "planar", residual = spec == "residual";
+  const QuantSpec fmt = parse_quant_spec(planar ? "higgs2:g128" : residual ? "1bit" : spec);
+  const QuantSpec meta = parse_quant_spec("higgs4");
+  const size_t rb = bytes_per_vector(fmt, D), mb = bytes_per_vector(meta, D);
+  Rows p0, p1;
+  std::vector<float> keys(size_t(3000) * D);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (float& v : keys) v = std::normal_distribution<float>(0.f, 1.f)(rng);
+    const int64_t cnt = n[size_t(r / H)];
+    std::vector<uint8_t> recs(size_t(cnt) * rb);
+    if (residual) {
+      ResidualSpec rs{meta, fmt, 8};
+      std::vector<uint8_t> metas(size_t(residual_n_meta(rs, cnt)) * mb);
+      quantize_residual(rs, keys.data(), cnt, D, metas.data(), recs.data());
+      p1.host.push_back(metas);
+    } else {
+      QuantSpec s = fmt;
+      if (s.kind == QuantKind::nvfp4) s.tensor_scale = 0.01f;
+      quantize(s, keys.data(), cnt, D, recs.data());
+    }
+    if (planar) {  // the GPU's planes: codes [n][32], then scales [n] bf16
+      std::vector<uint8_t> codes(size_t(cnt) * 32), scales(size_t(cnt) * 2);
+      for (int64_t t = 0; t < cnt; ++t) {
+        std::copy_n(recs.data() + t * rb, 32, codes.data() + t * 32);
+        std::copy_n(recs.data() + t * rb + 32, 2, scales.data() + t * 2);
+      }
+      p0.host.push_back(codes);
+      p1.host.push_back(scales);
+      p0.host.back().resize(p0.host.back().size() + 64);  // the kernel reads ahead
+    } else {
+      p0.host.push_back(recs);
+    }
+    if (!planar && !residual) p1.host.push_back({0});
+  }
+  p0.finish();
+  p1.finish();
+  // Queries: the CPU scores raw queries; the planar GPU kernel takes them rotated.
+  const int n_q = c.n_q;
+  std::vector<float> q(size_t(rows) * n_q * D);
+  for (float& v : q) v = std::normal_distribution<float>(0.f, 1.f)(rng);
+  std::vector<float> q_gpu = q;
+  if (planar)
+    for (size_t i = 0; i < q_gpu.size(); i += D) hadamard_transform(q_gpu.data() + i, D);
+  RecordFormat rf{fmt, D, int64_t(rb)};
+  if (fmt.kind == QuantKind::nvfp4) rf.spec.tensor_scale = 0.01f;
+  RecordFormat mf{meta, D, int64_t(mb)};
+  cuda::DeviceBuffer grid, signs, mgrid;
+  if (fmt.kind == QuantKind::higgs) {
+    grid = to_device(higgs_grid(fmt.grid_dim, fmt.grid_size).points);
+    rf.grid = grid.data<float>();
+    if (fmt.random_signs) {
+      std::vector<float> sg(size_t(resolved_group(fmt, D)));
+      hadamard_signs(fmt.sign_seed, int(sg.size()), sg.data());
+      signs = to_device(sg);
+      rf.signs = signs.data<float>();
+    }
+  }
+  if (residual) {
+    mgrid = to_device(higgs_grid(meta.grid_dim, meta.grid_size).points);
+    mf.grid = mgrid.data<float>();
+  }
+  ScoreRowsParams p;
+  p.n_seq = n_seq;
+  p.n_kv_head = H;
+  p.head_dim = D;
+  p.n_q = n_q;
+  p.layout = planar ? IndexRecLayout::planar_higgs2 : residual ? IndexRecLayout::residual : IndexRecLayout::records;
+  p.meta = mf;
+  p.m = 8;
+  p.candidates_only = c.candidates_only;
+  p.scale = 0.125f;
+  p.out_stride = stride;
+  // CPU reference (records layout; planar's records are the same bytes).
+  ScoreRowsParams pc = p;
+  pc.layout = residual ? IndexRecLayout::residual : IndexRecLayout::records;
+  RecordFormat cf = rf;
+  cf.grid = nullptr;
+  cf.signs = nullptr;
+  pc.fmt = cf;
+  std::vector<const uint8_t*> cpu_p0, cpu_p1;
+  std::vector<std::vector<uint8_t>> aos;  // planar: the CPU reads the AoS records
+  for (int64_t r = 0; r < rows; ++r) {
+    if (planar) {
+      const int64_t cnt = n[size_t(r / H)];
+      aos.emplace_back(size_t(cnt) * rb);
+      for (int64_t t = 0; t < cnt; ++t) {
+        std::copy_n(p0.host[size_t(r)].data() + t * 32, 32, aos.back().data() + t * rb);
+        std::copy_n(p1.host[size_t(r)].data() + t * 2, 2, aos.back().data() + t * rb + 32);
+      }
+      cpu_p0.push_back(aos.back().data());
+    } else {
+      cpu_p0.push_back(p0.host_ptrs[size_t(r)]);
+    }
+    cpu_p1.push_back(p1.host_ptrs[size_t(r)]);
+  }
+  std::vector<float> want(size_t(rows) * n_q * stride, 0.f);
+  score_rows_cpu(pc, q.data(), cpu_p0.data(), cpu_p1.data(), ranges.data(), want.data());
+  p.fmt = rf;
+  auto d_q = to_device(q_gpu);
+  cuda::DeviceBuffer d_s(want.size() * 4);
+  poison(d_s);
+  score_rows(x, p, d_q.data<float>(), p0.d(), p1.d(), d_ranges.data<StepRanges>(), d_s.data<float>());
+  sync(x);
+  const auto got = to_host<float>(d_s, want.size());
+  double worst = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const StepRanges& sr = ranges[size_t(r / H)];
+    const int64_t cnt = c.candidates_only ? sr.c_hi - sr.c_lo : sr.n_chunk;
+    for (int j = 0; j < n_q; ++j)
+      for (int64_t i = 0; i < cnt; ++i) {
+        const size_t at = size_t((r * n_q + j) * stride + i);
+        ASSERT_TRUE(std::isfinite(got[at])) << r << " " << i;
+        worst = std::max(worst, double(std::abs(got[at] - want[at])) / (1.0 + std::abs(want[at])));
+      }
+  }
+  EXPECT_LT(worst, 2e-5) << spec;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, ScoreRowsCuda,
+    ::testing::Values(ScoreCase{"planar"}, ScoreCase{"planar", 128, 4, false}, ScoreCase{"planar", 128, 7, false},
+                      ScoreCase{"bf16"}, ScoreCase{"fp8", 128, 2, false}, ScoreCase{"bf16", 64, 3, false},
+                      ScoreCase{"bf16", 256}, ScoreCase{"fp8", 64}, ScoreCase{"higgs1:rs"},
+                      ScoreCase{"higgs2:g64"}, ScoreCase{"higgs0.5", 64}, ScoreCase{"int3:g16", 128, 2, false},
+                      ScoreCase{"1bit"}, ScoreCase{"fp8s"}, ScoreCase{"nvfp4"}, ScoreCase{"higgs2", 256},
+                      ScoreCase{"residual"}, ScoreCase{"residual", 128, 2, false}));
+
+TEST(IndexRowsCuda, GqaMaskTopkExpandAndResidentListMatchCpu) {
+  KVT_REQUIRE_GPU();
+  Device dev(DeviceKind::cuda);
+  const Exec& x = dev.exec();
+  std::mt19937 rng(5);
+  for (int chunk : {1, 8}) {
+    const int H = 2, n_seq = 3, n_q = 4, kmax = 40, n_forced = chunk > 1 ? 5 : 0;
+    const int64_t rows = int64_t(n_seq) * H, stride = 30000;
+    StepPlanParams sp{n_seq, chunk, chunk, 3, 16, 16, kmax};
+    const std::vector<int64_t> n{50, 3000, 29000 * int64_t(chunk) / 8 + 100};
+    const std::vector<int32_t> budget{1, 40, 17};
+    cuda::DeviceBuffer d_ranges;
+    const auto ranges = ranges_for(sp, n, budget, x, &d_ranges);
+    // Raw per-query scores with many exact ties (values on a coarse grid).
+    std::vector<float> raw(size_t(rows) * n_q * stride);
+    for (float& v : raw) v = float(int(rng() % 64)) * 0.25f;
+    std::vector<float> agg_c(size_t(rows) * stride, 0.f);
+    GqaRowsParams gp{n_seq, H, n_q, stride, stride};
+    gqa_rows_cpu(gp, raw.data(), ranges.data(), agg_c.data());
+    cuda::DeviceBuffer d_gs(size_t(gqa_rows_scratch_bytes(rows, n_q)));
+    gp.scratch = d_gs.data();
+    auto d_raw = to_device(raw);
+    cuda::DeviceBuffer d_agg(agg_c.size() * 4);
+    poison(d_agg);
+    gqa_rows(x, gp, d_raw.data<float>(), d_ranges.data<StepRanges>(), d_agg.data<float>());
+    sync(x);
+    auto agg_g = to_host<float>(d_agg, agg_c.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      const StepRanges& s = ranges[size_t(r / H)];
+      for (int64_t i = 0; i < s.c_hi - s.c_lo; ++i)
+        ASSERT_NEAR(agg_g[size_t(r * stride + i)], agg_c[size_t(r * stride + i)], 2e-4) << r << " " << i;
+    }
+    // Exact inputs for the selection: the CPU's aggregate on both devices.
+    std::vector<int32_t> forced(size_t(rows) * std::max(1, n_forced), -1);
+    for (int64_t r = 0; r < rows && n_forced; ++r) {
+      std::vector<int32_t> f;
+      for (int i = 1; i < n_forced; ++i) f.push_back(int32_t(rng() % uint32_t(std::max<int64_t>(1, ranges[size_t(r / H)].n_chunk))));
+      std::sort(f.begin(), f.end());
+      f.erase(std::unique(f.begin(), f.end()), f.end());
+      std::copy(f.begin(), f.end(), forced.begin() + r * n_forced + (n_forced - int(f.size())));
+    }
+    auto d_sc = to_device(agg_c);
+    auto d_forced = to_device(forced);
+    if (n_forced) {
+      mask_rows_cpu(rows, H, stride, n_forced, forced.data(), ranges.data(), agg_c.data());
+      mask_rows(x, rows, H, stride, n_forced, d_forced.data<int32_t>(), d_ranges.data<StepRanges>(), d_sc.data<float>());
+    }
+    std::vector<int32_t> top_c(size_t(rows) * kmax);
+    topk_rows_cpu(rows, H, stride, kmax, agg_c.data(), ranges.data(), top_c.data());
+    cuda::DeviceBuffer d_top(top_c.size() * 4);
+    poison(d_top);
+    topk_rows(x, rows, H, stride, kmax, d_sc.data<float>(), d_ranges.data<StepRanges>(), d_top.data<int32_t>());
+    sync(x);
+    ASSERT_EQ(to_host<int32_t>(d_top, top_c.size()), top_c) << "chunk " << chunk;
+    ExpandRowsParams ep{rows, H, kmax, chunk, 3, n_forced};
+    std::vector<int32_t> tok_c(size_t(rows) * kmax * chunk);
+    expand_rows_cpu(ep, top_c.data(), n_forced ? forced.data() : nullptr, ranges.data(), tok_c.data());
+    cuda::DeviceBuffer d_tok(tok_c.size() * 4);
+    poison(d_tok);
+    expand_rows(x, ep, d_top.data<int32_t>(), n_forced ? d_forced.data<int32_t>() : nullptr,
+                d_ranges.data<StepRanges>(), d_tok.data<int32_t>());
+    sync(x);
+    ASSERT_EQ(to_host<int32_t>(d_tok, tok_c.size()), tok_c) << "chunk " << chunk;
+    ResidentListParams rl{rows, H, 3, 16, 3 + 16 + n_forced * chunk, chunk, n_forced};
+    std::vector<int32_t> res_c(size_t(rows) * rl.n_slots);
+    resident_list_cpu(rl, n_forced ? forced.data() : nullptr, ranges.data(), res_c.data());
+    cuda::DeviceBuffer d_res(res_c.size() * 4);
+    poison(d_res);
+    resident_list(x, rl, n_forced ? d_forced.data<int32_t>() : nullptr, d_ranges.data<StepRanges>(),
+                  d_res.data<int32_t>());
+    sync(x);
+    ASSERT_EQ(to_host<int32_t>(d_res, res_c.size()), res_c);
+  }
+}
+
+TEST(IndexRowsCuda, IndexQueryMatchesCpu) {
+  KVT_REQUIRE_GPU();
+  Device dev(DeviceKind::cuda);
+  std::mt19937 rng(9);
+  for (int D : {64, 128, 256})
+    for (bool mean : {true, false})
+      for (int G : {0, 64, D}) {
+        IndexQueryParams p{2, 8, 2, D, mean, G, nullptr};
+        std::vector<float> sg(static_cast<size_t>(D));
+        hadamard_signs(7, D, sg.data());
+        auto d_sg = to_device(sg);
+        if (G) p.signs = d_sg.data<float>();
+        auto qb = random_bf16(size_t(2 * 8 * D), rng);
+        const auto qf = bf16_to_f32_vec(qb);
+        const int n_q = mean ? 1 : 4;
+        std::vector<float> want(size_t(2 * 2 * n_q * D));
+        IndexQueryParams pc = p;
+        pc.signs = G ? sg.data() : nullptr;
+        index_query_rows_cpu(pc, qf.data(), want.data());
+        auto d_q = to_device(qb);
+        cuda::DeviceBuffer d_out(want.size() * 4);
+        index_query_rows(dev.exec(), p, d_q.data(), d_out.data<float>());
+        sync(dev.exec());
+        const auto got = to_host<float>(d_out, want.size());
+        EXPECT_LT(rel_l2(got.data(), want.data(), want.size()), 1e-6) << D << " " << mean << " " << G;
+      }
+}
+
+}  // namespace
+}  // namespace kvtier
