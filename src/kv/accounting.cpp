@@ -62,4 +62,12 @@ KvFootprint kv_footprint(const PolicyConfig& p, const KvGeometry& g, int64_t n_c
   return f;
 }
 
+int64_t kv_charge_bytes(const PolicyConfig& p, const KvGeometry& g, int64_t n_ctx, bool gpu_tier_in_host) {
+  PolicyConfig q = p;
+  q.sink = int(std::min<int64_t>(q.sink, n_ctx));
+  q.local = int(std::min<int64_t>(q.local, n_ctx));
+  const KvFootprint f = kv_footprint(q, g, n_ctx);
+  return f.host_bytes + (gpu_tier_in_host ? f.gpu_bytes : 0);
+}
+
 }  // namespace kvtier
