@@ -10,6 +10,8 @@
 #include "core/threads.h"
 #include "engine/sampler.h"
 #include "gpu/gpu_model.h"
+#include "kv/analysis.h"
+#include "kv/policy.h"
 #include "model/model.h"
 
 namespace kvtier {
@@ -257,15 +259,21 @@ std::unique_ptr<Sequence> Engine::start(std::vector<int32_t> prompt, const Sampl
   if (int64_t(prompt.size()) >= impl.max_context)
     throw LimitError(fmt::format("prompt of {} tokens does not fit the context of {} tokens",
                                  prompt.size(), impl.max_context));
+  // Knobs that size memory in tokens are bounded by the context before any
+  // store is built (a `local=` of a billion tokens is refused, not allocated).
+  const PolicyConfig policy = parse_policy(kv_policy.rfind(kAnalysisPrefix, 0) == 0
+                                               ? kv_policy.substr(kAnalysisPrefix.size())
+                                               : kv_policy);
+  check_policy_fits_context(policy, impl.max_context);
   auto s = std::make_unique<Sequence::State>();
   s->engine = &impl;
   s->kv = make_kv_store(kv_policy, impl.model->kv_geometry());
   if (impl.options.host_kv_budget_bytes > 0) {
     const int64_t n_total = int64_t(prompt.size()) + sampling.max_new_tokens;
-    const double need = s->kv->memory().host_bytes_per_token * double(n_total);
-    if (need > double(impl.options.host_kv_budget_bytes))
+    const int64_t need = kv_charge_bytes(policy, impl.model->kv_geometry(), n_total, !impl.gpu);
+    if (need > impl.options.host_kv_budget_bytes)
       throw LimitError(fmt::format(
-          "context of {} tokens needs {:.0f} bytes of host KV with policy '{}', over the budget of {} bytes",
+          "context of {} tokens needs {} bytes of host KV with policy '{}', over the budget of {} bytes",
           n_total, need, kv_policy, impl.options.host_kv_budget_bytes));
   }
   s->prompt = std::move(prompt);
