@@ -68,6 +68,9 @@ class Sequence {
   const GenerationResult& run(const std::function<bool(const std::string&)>& on_piece);
   void cancel();
   KvStore& kv();
+  // Called after each prefill chunk with (prompt tokens done, prompt tokens),
+  // so that a tool can show progress on a long prompt. Set before step().
+  void set_prefill_progress(std::function<void(int64_t done, int64_t total)> on_progress);
 
   struct State;
 
