@@ -87,7 +87,7 @@ void run_analyze(AnalyzeArgs& a) {
             a.steps);
   KVT_CHECK(!a.kv.empty(), "give at least one --kv policy");
   for (const std::string& p : a.kv) parse_policy(p);  // errors before the model loads
-  auto engine = Engine::load(a.engine);
+  auto engine = load_engine(a.engine);
   const std::string body = a.text_file.empty()
                                ? haystack(*engine, a.haystack_file, a.haystack_tokens)
                                : read_all(a.text_file);

@@ -73,7 +73,7 @@ void bench_cmd(BenchArgs& a) {
   if (a.report_only) {
     records = bench::read_bench_records(c.output);
   } else {
-    auto engine = Engine::load(a.engine);
+    auto engine = load_engine(a.engine);
     records = bench::run_bench(*engine, c);
   }
   const auto rows = bench::summarize(records);

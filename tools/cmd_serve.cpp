@@ -36,7 +36,7 @@ void serve(ServeArgs& a) {
   sigaction(SIGTERM, &sa, nullptr);
   std::signal(SIGPIPE, SIG_IGN);  // a client that vanished must not kill the server
 
-  auto engine = Engine::load(a.engine);
+  auto engine = load_engine(a.engine);
   server::HttpServer http(*engine, a.server);
   const int port = http.bind();
   fmt::print(stderr, "kvtier serve: {} on http://{}:{} (kv policy {}, {} active, queue {})\n",

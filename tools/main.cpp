@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <new>
 
 #include "command.h"
 #include "core/status.h"
@@ -40,6 +41,14 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const kvtier::Error& e) {
     fmt::print(stderr, "error: {}\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    const auto* sub = app.get_subcommands().empty() ? nullptr : app.get_subcommands().front();
+    fmt::print(stderr,
+               "error: out of memory (std::bad_alloc) in `kvtier {}`: the model, the context (-c), the prompt, "
+               "--prefill-chunk or the KV policy needs more memory than this machine can give; try a smaller "
+               "-c, --prefill-chunk or prompt, or a policy that keeps less in memory (see `kvtier memory`)\n",
+               sub ? sub->get_name() : "");
     return 1;
   } catch (const std::exception& e) {
     fmt::print(stderr, "error: {}\n", e.what());
