@@ -27,6 +27,13 @@ struct EngineOptions {
   std::string device = "cpu";
 };
 
+// One token's log-probability and the most likely alternatives at its position.
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;  // (token, logprob), most likely first
+};
+
 struct SamplingParams {
   float temperature = 0.0f;  // 0: greedy
   int top_k = 0;             // 0: off
@@ -35,6 +42,13 @@ struct SamplingParams {
   int max_new_tokens = 256;
   std::vector<std::string> stop;  // stop strings (not included in the output)
   bool ignore_eos = false;
+  // Log-probabilities (from the raw logits): -1 off; else each generated
+  // token's, with this many most likely alternatives (GenerationResult::logprobs).
+  int n_logprobs = -1;
+  // -1 off; else every prompt token's after the first, with this many
+  // alternatives (GenerationResult::prompt_logprobs). With max_new_tokens 0
+  // the sequence still runs its prefill, to score the prompt.
+  int n_prompt_logprobs = -1;
 };
 
 struct GenerationResult {
@@ -46,6 +60,8 @@ struct GenerationResult {
   double decode_seconds = 0;
   KvMemory kv_memory;
   std::string kv_policy;  // resolved policy description
+  std::vector<TokenLogprob> logprobs;         // one per token of `tokens` (n_logprobs ≥ 0)
+  std::vector<TokenLogprob> prompt_logprobs;  // prompt tokens 1..n-1 (n_prompt_logprobs ≥ 0)
 };
 
 class Model;

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "core/threads.h"
+#include "engine/logprobs.h"
 #include "engine/sampler.h"
 #include "gpu/gpu_model.h"
 #include "kv/analysis.h"
@@ -47,6 +48,9 @@ struct Sequence::State {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Prefill chunk when every prompt position's logits are kept (prompt logprobs).
+constexpr int kPromptLogprobChunk = 64;
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
@@ -116,13 +120,33 @@ bool Sequence::step(std::string* piece) {
   const int n_vocab = int(model.config().n_vocab);
   auto t0 = Clock::now();
   if (!s.prefilled) {
-    const int chunk = s.engine->options.prefill_chunk;
+    const bool score_prompt = s.sampling.n_prompt_logprobs >= 0;
+    // Scoring the prompt needs every position's logits: smaller chunks bound
+    // that buffer ([chunk, n_vocab] f32).
+    const int chunk = score_prompt ? std::min(s.engine->options.prefill_chunk, kPromptLogprobChunk)
+                                   : s.engine->options.prefill_chunk;
     const int64_t n = int64_t(s.prompt.size());
+    std::vector<float> rows;  // [chunk, n_vocab] when scoring the prompt
+    if (score_prompt) rows.resize(size_t(chunk) * size_t(n_vocab));
     s.kv->set_phase(KvPhase::prefill);
     for (int64_t i = 0; i < n; i += chunk) {
       const int n_tok = int(std::min<int64_t>(chunk, n - i));
       const bool last = i + n_tok == n;
-      forward(model, s.gpu.get(), s.scratch, &s.prompt[size_t(i)], n_tok, i, *s.kv, last ? 1 : 0, s.logits.data());
+      if (score_prompt) {
+        forward(model, s.gpu.get(), s.scratch, &s.prompt[size_t(i)], n_tok, i, *s.kv, n_tok, rows.data());
+        // Row j predicts prompt[i + j + 1]; the prompt's last row, the first new token.
+        for (int j = 0; j < n_tok; ++j) {
+          const float* row = rows.data() + size_t(j) * size_t(n_vocab);
+          if (i + j + 1 < n)
+            s.result.prompt_logprobs.push_back(
+                token_logprob(row, n_vocab, s.prompt[size_t(i + j + 1)], s.sampling.n_prompt_logprobs));
+          else
+            std::copy(row, row + n_vocab, s.logits.begin());
+        }
+      } else {
+        forward(model, s.gpu.get(), s.scratch, &s.prompt[size_t(i)], n_tok, i, *s.kv, last ? 1 : 0,
+                s.logits.data());
+      }
       if (s.on_prefill_progress) s.on_prefill_progress(i + n_tok, n);
     }
     s.n_past = n;
@@ -130,6 +154,12 @@ bool Sequence::step(std::string* piece) {
     s.prefilled = true;
     s.result.prefill_seconds = seconds_since(t0);
     t0 = Clock::now();
+    if (s.sampling.max_new_tokens == 0) {  // only the prompt was to be scored
+      s.finished = true;
+      s.result.finish_reason = "length";
+      s.result.kv_memory = kv_memory(s);
+      return true;
+    }
   } else {
     forward(model, s.gpu.get(), s.scratch, &s.last_token, 1, s.n_past, *s.kv, 1, s.logits.data());
     s.n_past += 1;
@@ -145,6 +175,8 @@ bool Sequence::step(std::string* piece) {
     finish("stop");
   } else {
     s.result.tokens.push_back(tok);
+    if (s.sampling.n_logprobs >= 0)
+      s.result.logprobs.push_back(token_logprob(s.logits.data(), n_vocab, tok, s.sampling.n_logprobs));
     if (s.engine->tokenizer) s.text += s.engine->tokenizer->token_to_piece(tok);
     // Stop strings: search the region that the new bytes could complete.
     for (const auto& st : s.sampling.stop) {
@@ -296,7 +328,7 @@ std::unique_ptr<Sequence> Engine::start(std::vector<int32_t> prompt, const Sampl
   s->logits.resize(size_t(n_vocab));
   s->result.n_prompt_tokens = int64_t(s->prompt.size());
   s->result.kv_policy = s->kv->describe();
-  if (sampling.max_new_tokens == 0) {
+  if (sampling.max_new_tokens == 0 && sampling.n_prompt_logprobs < 0) {
     s->finished = true;
     s->result.finish_reason = "length";
     s->result.kv_memory = kv_memory(*s);
