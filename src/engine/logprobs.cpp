@@ -18,7 +18,7 @@ TokenLogprob token_logprob(const float* logits, int n_vocab, int32_t token, int 
   r.logprob = float(double(logits[token]) - lse);
   n_top = std::clamp(n_top, 0, n_vocab);
   if (n_top > 0) {
-    std::vector<int32_t> ids(size_t(n_vocab));
+    std::vector<int32_t> ids(static_cast<size_t>(n_vocab));
     for (int i = 0; i < n_vocab; ++i) ids[size_t(i)] = i;
     std::partial_sort(ids.begin(), ids.begin() + n_top, ids.end(), [&](int32_t a, int32_t b) {
       return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
