@@ -117,6 +117,9 @@ Job build_job(const ApiRequest& r, const Engine& engine, const ServerLimits& lim
   s.max_new_tokens = int(max_new);
   s.stop = r.stop;
   s.ignore_eos = r.ignore_eos;
+  s.n_logprobs = r.logprobs;
+  // echo with logprobs scores the prompt too (evaluation harnesses' log-likelihoods).
+  s.n_prompt_logprobs = r.echo && r.logprobs >= 0 ? r.logprobs : -1;
 
   try {
     check_policy_fits_context(policy, limits.n_ctx);

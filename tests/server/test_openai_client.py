@@ -195,7 +195,7 @@ def test_errors_have_openai_shape(server):
         dict(prompt="x", max_tokens=100000),
         dict(prompt="x", temperature="hot"),
         dict(prompt=["a", "b"]),
-        dict(prompt="x", logprobs=3),
+        dict(prompt="x", logprobs=30),
     ]
     for kw in cases:
         with pytest.raises(openai.BadRequestError) as e:
