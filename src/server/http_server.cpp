@@ -71,12 +71,14 @@ struct HttpServer::Impl {
   std::atomic<bool> stopping{false};
   std::atomic<bool> running{false};
 
+  // Declared before the io_context: calls and connections that it destroys
+  // with its pending handlers still refer to them.
+  std::shared_ptr<ConnectionContext> conn_ctx = std::make_shared<ConnectionContext>();
+  CallContext call_ctx;
   net::io_context ioc;
   net::executor_work_guard<net::io_context::executor_type> guard{ioc.get_executor()};
   tcp::acceptor acceptor{ioc};
   net::thread_pool work{2};  // request parsing and tokenization, off the I/O threads
-  std::shared_ptr<ConnectionContext> conn_ctx = std::make_shared<ConnectionContext>();
-  CallContext call_ctx;
 
   Impl(Engine& e, const ServerOptions& o)
       : engine(e),
