@@ -66,7 +66,7 @@ def test_out_of_memory_says_what_and_how():
     # An address-space limit the 19M model fits in, but not a 60K-token scratch.
     def limit():
         resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
-    r = run("perf", "-m", M19, "-t", "1", "-p", "60000", "--prefill-chunk", "60000", "-g", "1", "-r", "1",
+    r = run("perf", "-m", M19, "-t", "1", "-p", "60000", "--prefill-chunk", "60000", "-g", "2", "-r", "1",
             preexec_fn=limit, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
     assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
     assert "out of memory" in r.stderr and "kvtier perf" in r.stderr and "--prefill-chunk" in r.stderr, r.stderr
