@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 namespace kvtier::server {
 namespace {
 
@@ -42,8 +45,7 @@ TEST(Metrics, VllmNamesAndKvtierOwn) {
   g.n_waiting = 1;
   const std::string out = m.render(g);
   const std::string L = "model_name=\"Smol\\\"LM\",engine=\"0\"";
-  for (const std::string line :
-       {"# TYPE vllm:num_requests_running gauge", "vllm:num_requests_running{" + L + "} 2",
+  for (const std::string& line : std::vector<std::string>{"# TYPE vllm:num_requests_running gauge", "vllm:num_requests_running{" + L + "} 2",
         "vllm:num_requests_waiting{" + L + "} 1", "# TYPE vllm:prompt_tokens_total counter",
         "vllm:prompt_tokens_total{" + L + "} 12", "vllm:generation_tokens_total{" + L + "} 3",
         "vllm:request_success_total{" + L + ",finished_reason=\"length\"} 1",
