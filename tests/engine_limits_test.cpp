@@ -7,6 +7,7 @@
 
 #include "kv/policy.h"
 #include "kvtier/engine.h"
+#include "model/model.h"
 
 namespace kvtier {
 namespace {
