@@ -145,6 +145,8 @@ def test_slow_header_clients_do_not_freeze_the_server(make_server):
     gen.join(timeout=120)
     for c in socks:
         c.close()
+    print(f"slow headers: {n_slow} connections, worst /health {worst:.3f} s, generation {result}, "
+          f"{closed} closed by the deadline")
     assert worst < 1.0, f"/health took {worst:.2f} s with {n_slow} slow clients"
     assert result.get("status") == 200, result
     assert closed == n_slow, f"{closed} of {n_slow} slow connections closed by the header deadline"
@@ -173,6 +175,7 @@ def test_disconnected_non_streaming_client_frees_its_slot(server):
         h = server.health()
         assert h["active_sequences"] == 0 and h["kv_host_bytes"] == 0 and h["kv_gpu_bytes"] == 0
         assert h["requests"]["cancelled"] == cancelled + 1
+        print(f"disconnect ({how}): slot freed after {freed:.3f} s")
         assert freed < 1.0, f"{how}: the slot was freed after {freed:.2f} s"
         if how == "half-close":
             c.close()
