@@ -35,31 +35,36 @@ def main():
     ap.add_argument("--bin", required=True)
     args = ap.parse_args()
     bad = 0
-    bench = {r["id"]: r for r in map(json.loads, open(f"{args.work}/bench.jsonl"))}
-    bench_mean = sum(r["score"] for r in bench.values()) / len(bench)
-    print(f"kvtier bench text2json-gen (full, greedy): {len(bench)} samples, mean score {bench_mean:.2f}")
-    for task in ["kvtier_t2j_chat", "kvtier_t2j_completions"]:
-        rows = samples(args.work, task)
-        preds = f"{args.work}/{task}_preds.jsonl"
-        same = 0
-        with open(preds, "w") as f:
-            for s in rows:
-                pred = s["resps"][0][0]
-                f.write(json.dumps({"id": s["doc"]["id"], "prediction": pred}) + "\n")
-                same += pred == bench[s["doc"]["id"]]["prediction"]
-        out = subprocess.run([args.bin, "score", "--task", "text2json", "--pred", preds, "--gold",
-                              f"{args.work}/tasks/t2j.jsonl", "--json"], capture_output=True, text=True, check=True)
-        score = json.loads(out.stdout)["summary"]["score"]
-        ok = same == len(rows) == len(bench) and math.isclose(score, bench_mean, abs_tol=1e-9)
-        bad += not ok
-        print(f"{task}: {same}/{len(rows)} generations equal bench's predictions; kvtier score of lm_eval's "
-              f"generations {score:.2f} vs bench {bench_mean:.2f}: {'equal' if ok else 'DIFFERENT'}")
+    checks = [("text2json", "bench.jsonl", "tasks/t2j.jsonl", ["kvtier_t2j_chat", "kvtier_t2j_completions"]),
+              ("niah_single", "bench_niah.jsonl", "tasks/niah.jsonl", ["kvtier_niah_gen"])]
+    for score_task, bench_file, gold, tasks in checks:
+        bench = {r["id"]: r for r in map(json.loads, open(f"{args.work}/{bench_file}"))}
+        bench_mean = sum(r["score"] for r in bench.values()) / len(bench)
+        print(f"kvtier bench {score_task} (full, greedy): {len(bench)} samples, mean score {bench_mean:.2f}")
+        for task in tasks:
+            rows = samples(args.work, task)
+            preds = f"{args.work}/{task}_preds.jsonl"
+            same = 0
+            with open(preds, "w") as f:
+                for s in rows:
+                    pred = s["resps"][0][0]
+                    f.write(json.dumps({"id": s["doc"]["id"], "prediction": pred}) + "\n")
+                    same += pred == bench[s["doc"]["id"]]["prediction"]
+            out = subprocess.run([args.bin, "score", "--task", score_task, "--pred", preds, "--gold",
+                                  f"{args.work}/{gold}", "--json"], capture_output=True, text=True, check=True)
+            score = json.loads(out.stdout)["summary"]["score"]
+            ok = same == len(rows) == len(bench) and math.isclose(score, bench_mean, abs_tol=1e-9)
+            bad += not ok
+            print(f"{task}: {same}/{len(rows)} generations equal bench's predictions; kvtier score of lm_eval's "
+                  f"generations {score:.2f} vs bench {bench_mean:.2f}: {'equal' if ok else 'DIFFERENT'}")
     rows = samples(args.work, "kvtier_niah_choice")
     n, worst, correct = 0, 0.0, 0
     for s in rows:
         lls = [r[0][0] for r in s["resps"]]
         correct += max(range(len(lls)), key=lambda i: lls[i]) == 0
-        for (context, cont), ll in zip([a for a in s["arguments"]], lls):
+        args_list = s["arguments"]  # {"gen_args_i": {"arg_0": context, "arg_1": continuation}}
+        pairs = [(a["arg_0"], a["arg_1"]) for _, a in sorted(args_list.items(), key=lambda kv: int(kv[0][9:]))]
+        for (context, cont), ll in zip(pairs, lls):
             ctx_ids = post(args.base, "/tokenize", {"prompt": context, "add_special_tokens": False})["tokens"]
             whole = post(args.base, "/tokenize", {"prompt": context + cont, "add_special_tokens": False})["tokens"]
             r = post(args.base, "/v1/completions", {"prompt": whole, "max_tokens": 0, "echo": True, "logprobs": 1})

@@ -9,6 +9,8 @@ through its own OpenAI-API models:
                          `kvtier bench` feeds it (chat template + answer prefix, as text)
   kvtier_niah_choice     multiple_choice (loglikelihood), local-completions: the
                          needle's value against three other samples' values
+  kvtier_niah_gen        generate_until, local-completions: the RULER-style needle
+                         prompt as bench feeds it (answer prefix included)
 
 Usage: make_tasks.py --t2j t2j.jsonl --niah niah.jsonl --detok http://127.0.0.1:PORT --out DIR
 (--detok turns prompt_ids back into text with the server's /detokenize.)
@@ -71,12 +73,18 @@ def main():
     for i, r in enumerate(niah):
         others = [v for v in values if v != values[i]]
         choices = [" " + values[i]] + [" " + others[(i + k) % len(others)] for k in range(3)]
-        rows.append({"id": r["id"], "formatted": detokenize(args.detok, r["prompt_ids"]), "choices": choices})
+        rows.append({"id": r["id"], "formatted": detokenize(args.detok, r["prompt_ids"]), "choices": choices,
+                     "outputs": r["outputs"]})
     write_jsonl(f"{out}/niah.jsonl", rows)
     open(f"{out}/kvtier_niah_choice.yaml", "w").write(
         task_yaml("kvtier_niah_choice", f"{out}/niah.jsonl", "multiple_choice",
                   "doc_to_text: \"{{formatted}}\"\ndoc_to_choice: \"{{choices}}\"\ndoc_to_target: 0\n"
                   "target_delimiter: \"\"\nmetric_list:\n  - metric: acc\n"))
+    open(f"{out}/kvtier_niah_gen.yaml", "w").write(
+        task_yaml("kvtier_niah_gen", f"{out}/niah.jsonl", "generate_until",
+                  "doc_to_text: \"{{formatted}}\"\ndoc_to_target: \"{{outputs[0]}}\"\ngeneration_kwargs:\n"
+                  "  until: [\"<|im_end|>\"]\n  max_gen_toks: 32\n  do_sample: false\n  temperature: 0\n"
+                  "metric_list:\n  - metric: exact_match\n"))
     print(f"tasks written to {out}: {len(t2j)} text2json samples, {len(rows)} niah samples")
 
 

@@ -16,13 +16,14 @@ bin=${KVTIER_BIN:-build/tools/kvtier}
 lm_eval=${LM_EVAL:-lm_eval}
 n=${N:-4}
 tokens=${TOKENS:-1024}
+niah_tokens=${NIAH_TOKENS:-512}
 max_gen=${MAX_GEN:-128}
 mkdir -p "$out"
 work=$(mktemp -d)
 trap 'kill $server_pid 2>/dev/null || true; rm -rf "$work"' EXIT
 
 "$bin" gen --task text2json --tokens "$tokens" --n "$n" --seed 1 --ids -o "$work/t2j.jsonl"
-"$bin" gen --task niah_single --tokens "$tokens" --n "$((2 * n))" --seed 1 --ids -o "$work/niah.jsonl"
+"$bin" gen --task niah_single --tokens "$niah_tokens" --n "$((2 * n))" --seed 1 --ids -o "$work/niah.jsonl"
 
 "$bin" serve --port 0 -t "${THREADS:-2}" --max-active 2 2> "$work/serve.log" &
 server_pid=$!
@@ -37,14 +38,17 @@ run() {  # model, tasks, extra args
   (set -x; "$lm_eval" --model "$model" --tasks "$tasks" --include_path "$work/tasks" --log_samples \
       --output_path "$work/lm_eval_$model" --seed 1234 "$@") 2>&1 | tail -n 25
 }
-run local-completions kvtier_niah_choice,kvtier_t2j_completions \
+run local-completions kvtier_niah_choice,kvtier_niah_gen,kvtier_t2j_completions \
     --model_args "model=kvtier,base_url=$base/v1/completions,tokenizer_backend=remote,num_concurrent=1,max_retries=1"
 run local-chat-completions kvtier_t2j_chat --apply_chat_template \
     --model_args "model=kvtier,base_url=$base/v1/chat/completions,num_concurrent=1,max_retries=1"
 
 (set -x; "$bin" bench --task text2json-gen --ctx "$tokens" --n "$n" --seed 1 --kv full --max-tokens "$max_gen" \
     --no-progress -o "$work/bench.jsonl") > /dev/null
-python3 bench/lm_eval/compare.py --work "$work" --base "$base" --bin "$bin" | tee "$out/compare.txt"
-cp "$work/bench.jsonl" "$out/bench.jsonl"
+(set -x; "$bin" bench --task niah_single --ctx "$niah_tokens" --n "$((2 * n))" --seed 1 --kv full --max-tokens 32 \
+    --no-progress -o "$work/bench_niah.jsonl") > /dev/null
+python3 bench/lm_eval/compare.py --work "$work" --base "$base" --bin "$bin" | tee "$out/compare.txt" || status=$?
+cp "$work/bench.jsonl" "$work/bench_niah.jsonl" "$out/"
 find "$work" -name 'samples_*.jsonl' -exec cp {} "$out/" \;
 find "$work" -name 'results_*.json' -exec cp {} "$out/" \;
+exit "${status:-0}"
