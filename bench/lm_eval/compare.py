@@ -60,7 +60,7 @@ def main():
     rows = samples(args.work, "kvtier_niah_choice")
     n, worst, correct = 0, 0.0, 0
     for s in rows:
-        lls = [r[0][0] for r in s["resps"]]
+        lls = [float(r[0][0]) for r in s["resps"]]  # lm_eval logs them as strings
         correct += max(range(len(lls)), key=lambda i: lls[i]) == 0
         args_list = s["arguments"]  # {"gen_args_i": {"arg_0": context, "arg_1": continuation}}
         pairs = [(a["arg_0"], a["arg_1"]) for _, a in sorted(args_list.items(), key=lambda kv: int(kv[0][9:]))]

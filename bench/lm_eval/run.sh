@@ -49,6 +49,7 @@ run local-chat-completions kvtier_t2j_chat --apply_chat_template \
     --no-progress -o "$work/bench_niah.jsonl") > /dev/null
 python3 bench/lm_eval/compare.py --work "$work" --base "$base" --bin "$bin" | tee "$out/compare.txt" || status=$?
 cp "$work/bench.jsonl" "$work/bench_niah.jsonl" "$out/"
+mkdir -p "$out/tasks" && cp "$work"/tasks/* "$out/tasks/"
 find "$work" -name 'samples_*.jsonl' -exec cp {} "$out/" \;
 find "$work" -name 'results_*.json' -exec cp {} "$out/" \;
 exit "${status:-0}"
