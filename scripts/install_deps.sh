@@ -6,8 +6,9 @@ cd "$(dirname "$0")/.."
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 pkgs=(cmake g++ make pkg-config git ca-certificates python3 python3-pip
-      nlohmann-json3-dev libcli11-dev libfmt-dev libcpp-httplib-dev
+      nlohmann-json3-dev libcli11-dev libfmt-dev
       libopenblas-dev libpcre2-dev libgtest-dev libgmock-dev libbenchmark-dev
+      liblzma-dev xz-utils libboost-dev
       clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,18 +1,16 @@
-// Default location of the shared benchmark data for the bench tools.
+// Default location of the benchmark data for the bench tools: the
+// repository's data/ (data/README.md: sources, licences, xz storage).
 #pragma once
 #include <filesystem>
 #include <string>
 
 namespace kvtier::tools {
 
-// ../shared/data beside the repository: first relative to the working
-// directory (the repository root), then beside the source tree this binary
-// was built from.
+// data/ of the source tree this binary was built from, else ./data (a
+// binary moved elsewhere and run from a checkout's root).
 inline std::string default_data_root() {
-  if (std::filesystem::exists("../shared/data")) return "../shared/data";
-  const std::filesystem::path model = KVT_DEFAULT_MODEL_FALLBACK;  // <repo>/models/cache/<file>
-  const auto repo = model.parent_path().parent_path().parent_path();
-  return (repo / ".." / "shared" / "data").lexically_normal().string();
+  if (std::filesystem::exists(KVT_DATA_DIR)) return KVT_DATA_DIR;
+  return "data";
 }
 
 }  // namespace kvtier::tools

@@ -16,6 +16,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "bench/jsonl.h"
+#include "bench_paths.h"
 #include "command.h"
 #include "kv/analysis.h"
 #include "kv/policy.h"
@@ -49,8 +51,7 @@ std::string read_all(const std::string& path) {
 // Paul Graham essays (JSONL, one {"title", "text"} per line) concatenated
 // until n_tokens, cut at exactly n_tokens tokens of the model's tokenizer.
 std::string haystack(const Engine& engine, const std::string& path, int64_t n_tokens) {
-  std::ifstream in(path);
-  KVT_CHECK(in.good(), "cannot read haystack file {}", path);
+  std::istringstream in(bench::read_text_file(path));  // plain or .xz (data/)
   std::string text, line;
   int64_t line_no = 0;
   std::vector<int32_t> ids;
@@ -86,7 +87,7 @@ void run_analyze(AnalyzeArgs& a) {
             a.steps);
   KVT_CHECK(!a.kv.empty(), "give at least one --kv policy");
   for (const std::string& p : a.kv) parse_policy(p);  // errors before the model loads
-  auto engine = Engine::load(a.engine);
+  auto engine = load_engine(a.engine);
   const std::string body = a.text_file.empty()
                                ? haystack(*engine, a.haystack_file, a.haystack_tokens)
                                : read_all(a.text_file);
@@ -221,7 +222,7 @@ Registration reg(50, [](CLI::App& app) {
   cmd->add_option("--haystack", a->haystack_tokens,
                   "analyze this many tokens of Paul Graham essays (see --haystack-file)")
       ->check(CLI::Range(int64_t(16), int64_t(1) << 30));
-  a->haystack_file = "../shared/data/needlebench/PaulGrahamEssays.jsonl";
+  a->haystack_file = default_data_root() + "/needlebench/PaulGrahamEssays.jsonl";
   cmd->add_option("--haystack-file", a->haystack_file, "essays, JSONL with a 'text' field")
       ->capture_default_str();
   cmd->add_option("--question", a->question, "question asked after the text (chat models)")

@@ -73,7 +73,7 @@ void bench_cmd(BenchArgs& a) {
   if (a.report_only) {
     records = bench::read_bench_records(c.output);
   } else {
-    auto engine = Engine::load(a.engine);
+    auto engine = load_engine(a.engine);
     records = bench::run_bench(*engine, c);
   }
   const auto rows = bench::summarize(records);
@@ -107,7 +107,7 @@ Registration reg(70, [](CLI::App& app) {
       ->required();
   cmd->add_option("-c,--ctx", a->ctx, "prompt lengths in tokens, comma-separated (e.g. 2048,4k,8k)");
   cmd->add_option("--n,--samples", a->n, "samples per task and length")->capture_default_str();
-  cmd->add_option("--data", a->data, "benchmark data folder (../shared/data)")->capture_default_str();
+  cmd->add_option("--data", a->data, "benchmark data folder (the repository's data/)")->capture_default_str();
   cmd->add_option("--text2json-file", a->text2json_file, "the official Text2JSON JSONL, for task text2json");
   cmd->add_option("-o,--output", a->output, "per-sample JSONL (resumed when it exists)")->required();
   cmd->add_option("--plot", a->plot, "write an SVG plot of score vs GPU KV bytes per token");

@@ -111,7 +111,7 @@ Registration reg(72, [](CLI::App& app) {
                   "model whose tokenizer measures the length (GGUF, model directory, or a directory with tokenizer.json)")
       ->capture_default_str();
   cmd->add_flag("--ids", a->ids, "also write prompt_ids (chat-formatted, as bench feeds it) and answer_ids (reference + end of turn)");
-  cmd->add_option("--data", a->data, "benchmark data folder (../shared/data)")->capture_default_str();
+  cmd->add_option("--data", a->data, "benchmark data folder (the repository's data/)")->capture_default_str();
   cmd->add_option("-o,--output", a->output, "output JSONL")->required();
   cmd->callback([a] { gen(*a); });
 });

@@ -33,7 +33,7 @@ void perf(const PerfArgs& a) {
   for (int n : a.n_prompt) KVT_CHECK(n > 0, "perf: prompt length {} must be positive", n);
   for (const std::string& kv : a.kv) parse_policy(kv);  // every policy checked before any timing
   // One engine (weights loaded once) for every policy and prompt length.
-  auto engine = Engine::load(a.engine);
+  auto engine = load_engine(a.engine);
   const int n_vocab = engine->config().n_vocab;
   // Ids cycled over the vocabulary's middle (ordinary word pieces, as
   // llama-bench uses random ids), inside the vocabulary of any size.

@@ -2,8 +2,15 @@
 // streaming text to stdout and timing to stderr.
 #include <fmt/format.h>
 
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
+#include <memory>
 #include <sstream>
 
 #include "command.h"
@@ -25,6 +32,8 @@ struct RunArgs {
 };
 
 std::string read_file(const std::string& path) {
+  KVT_CHECK(std::filesystem::exists(path), "prompt file {} does not exist", path);
+  KVT_CHECK(!std::filesystem::is_directory(path), "prompt file {} is a directory, not a file", path);
   std::ifstream in(path, std::ios::binary);
   KVT_CHECK(in.good(), "cannot read prompt file {}", path);
   std::stringstream ss;
@@ -48,9 +57,30 @@ void print_stats(const GenerationResult& r, bool quiet) {
              r.kv_memory.host_bytes_per_token);
 }
 
+// Prompts of more than this many tokens show prefill progress on stderr.
+constexpr int64_t kPrefillProgressTokens = 2048;
+
+// "[kvtier] prefill 2048/7000 tokens (29%), 12.3 s" on stderr: rewritten in
+// place on a terminal, else one line at most every 5 s (and the last).
+std::function<void(int64_t, int64_t)> prefill_progress() {
+  const bool tty = isatty(fileno(stderr));
+  const auto t0 = std::chrono::steady_clock::now();
+  auto last = std::make_shared<double>(-1e9);
+  return [tty, t0, last](int64_t done, int64_t total) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!tty && done < total && s - *last < 5) return;
+    *last = s;
+    fmt::print(stderr, "{}[kvtier] prefill {}/{} tokens ({:.0f}%), {:.1f} s{}", tty ? "\r" : "", done, total,
+               100.0 * double(done) / double(total), s, tty && done < total ? "" : "\n");
+  };
+}
+
 GenerationResult stream(Engine& engine, const std::string& text, const RunArgs& a) {
   auto tokens = engine.tokenize(text, true);
-  auto r = engine.generate(tokens, a.sampling, a.kv, [](const std::string& piece) {
+  KVT_CHECK(!tokens.empty(), "the prompt is empty");
+  auto seq = engine.start(std::move(tokens), a.sampling, a.kv);
+  if (!a.quiet && seq->result().n_prompt_tokens > kPrefillProgressTokens) seq->set_prefill_progress(prefill_progress());
+  GenerationResult r = seq->run([](const std::string& piece) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
     return true;
@@ -63,12 +93,13 @@ void run(RunArgs& a) {
   KVT_CHECK(a.interactive || !a.prompt.empty() || !a.prompt_file.empty(),
             "give a prompt (-p TEXT or -f FILE) or use -i for an interactive chat");
   KVT_CHECK(a.prompt.empty() || a.prompt_file.empty(), "give -p or -f, not both");
-  auto engine = Engine::load(a.engine);
+  auto engine = load_engine(a.engine);
   const bool chat = !a.raw && engine->tokenizer().chat_template() != ChatTemplate::none;
   std::vector<ChatMessage> history;
   if (!a.system.empty()) history.push_back({"system", a.system});
   if (!a.interactive) {
     std::string user = a.prompt_file.empty() ? a.prompt : read_file(a.prompt_file);
+    KVT_CHECK(!user.empty(), "the prompt is empty{}", a.prompt_file.empty() ? "" : " (" + a.prompt_file + ")");
     std::string text = user;
     if (chat) {
       history.push_back({"user", user});

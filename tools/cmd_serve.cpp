@@ -3,9 +3,12 @@
 // get a grace period, the rest are cancelled, and the process exits 0.
 #include <fmt/format.h>
 
+#include <sys/resource.h>
+
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <thread>
 
 #include "command.h"
@@ -35,8 +38,18 @@ void serve(ServeArgs& a) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   std::signal(SIGPIPE, SIG_IGN);  // a client that vanished must not kill the server
+  // Each connection is a descriptor: raise the soft limit to the hard one so
+  // that --max-connections, not the default 1024, is the limit.
+  if (rlimit rl{}; getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+  if (a.server.api_key.empty()) {
+    // The key may come from the environment, so that it stays out of `ps`.
+    if (const char* k = std::getenv("KVTIER_API_KEY"); k && *k) a.server.api_key = k;
+  }
 
-  auto engine = Engine::load(a.engine);
+  auto engine = load_engine(a.engine);
   server::HttpServer http(*engine, a.server);
   const int port = http.bind();
   fmt::print(stderr, "kvtier serve: {} on http://{}:{} (kv policy {}, {} active, queue {})\n",
@@ -92,6 +105,22 @@ Registration reg(20, [](CLI::App& app) {
   cmd->add_option("--shutdown-grace", s.shutdown_grace_seconds,
                   "seconds active requests may run on after SIGINT/SIGTERM")
       ->check(CLI::Range(0.0, 3600.0))
+      ->capture_default_str();
+  cmd->add_option("--api-key", s.api_key,
+                  "require 'Authorization: Bearer KEY' on the API (401 otherwise; also $KVTIER_API_KEY)");
+  cmd->add_option("--header-timeout", s.header_timeout_seconds,
+                  "seconds a client has to send a whole request header (idle keep-alive included)")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
+  cmd->add_option("--request-timeout", s.request_timeout_seconds,
+                  "seconds after which an unfinished request is cancelled (0: none)")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
+  cmd->add_option("--max-connections", s.max_connections, "open connections; more are closed at once")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--io-threads", s.io_threads, "threads serving connections")
+      ->check(CLI::Range(1, 64))
       ->capture_default_str();
   cmd->callback([a] { serve(*a); });
 });

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <new>
 
 #include "command.h"
 #include "core/status.h"
@@ -23,6 +24,19 @@ int& command_exit_code() {
   return code;
 }
 
+namespace {
+
+int out_of_memory(const CLI::App& app, const char* what) {
+  const auto* sub = app.get_subcommands().empty() ? nullptr : app.get_subcommands().front();
+  fmt::print(stderr,
+             "error: out of memory ({}) in `kvtier {}`: the model, the context (-c), the prompt, "
+             "--prefill-chunk or the KV policy needs more memory than this machine can give; try a smaller "
+             "-c, --prefill-chunk or prompt, or a policy that keeps less in memory (see `kvtier memory`)\n",
+             what, sub ? sub->get_name() : "");
+  return 1;
+}
+
+}  // namespace
 }  // namespace kvtier::tools
 
 int main(int argc, char** argv) {
@@ -38,9 +52,13 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const kvtier::OutOfMemoryError& e) {
+    return out_of_memory(app, e.what());
   } catch (const kvtier::Error& e) {
     fmt::print(stderr, "error: {}\n", e.what());
     return 1;
+  } catch (const std::bad_alloc&) {
+    return out_of_memory(app, "std::bad_alloc");
   } catch (const std::exception& e) {
     fmt::print(stderr, "error: {}\n", e.what());
     return 1;

@@ -1,7 +1,10 @@
 #include "options.h"
 
+#include <fmt/format.h>
+
 #include <cstdlib>
 #include <filesystem>
+#include <thread>
 
 namespace kvtier::tools {
 
@@ -21,7 +24,25 @@ void add_engine_options(CLI::App& app, EngineOptions& o) {
   o.model_path = default_model_path();
   app.add_option("-m,--model", o.model_path, "model: .gguf file or Hugging Face directory")
       ->capture_default_str();
-  app.add_option("-t,--threads", o.n_threads, "CPU threads (0: all)")->capture_default_str();
+  // More threads than the machine has only oversubscribes it (-t 100000 once
+  // drove a 2-core machine's load to 200).
+  const int n_hw = int(std::max(1u, std::thread::hardware_concurrency()));
+  app.add_option("-t,--threads", o.n_threads, fmt::format("CPU threads, 0..{} (0: all)", n_hw))
+      ->check(CLI::Validator(
+          [n_hw](const std::string& v) -> std::string {
+            int x = 0;
+            size_t used = 0;
+            try {
+              x = std::stoi(v, &used);
+            } catch (const std::exception&) {
+              used = 0;
+            }
+            if (used != v.size() || used == 0 || x < 0 || x > n_hw)
+              return fmt::format("-t {}: expected 0 (all) to {} (this machine's hardware threads)", v, n_hw);
+            return "";
+          },
+          "INT in [0, hardware threads]"))
+      ->capture_default_str();
   app.add_option("--prefill-chunk", o.prefill_chunk, "prompt tokens per forward pass")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
@@ -41,7 +62,21 @@ void add_sampling_options(CLI::App& app, SamplingParams& s) {
   app.add_option("--temp", s.temperature, "temperature (0: greedy)")
       ->check(CLI::Range(0.0, 100.0))
       ->capture_default_str();
-  app.add_option("--top-k", s.top_k, "top-k sampling (0: off)")->check(CLI::NonNegativeNumber);
+  app.add_option("--top-k", s.top_k, "top-k sampling (0: off)")
+      ->check(CLI::Validator(
+          [](const std::string& v) -> std::string {
+            long long x = -1;
+            size_t used = 0;
+            try {
+              x = std::stoll(v, &used);
+            } catch (const std::exception&) {
+              used = 0;
+            }
+            if (used != v.size() || used == 0 || x < 0 || x > (1 << 30))
+              return fmt::format("--top-k {}: expected an integer ≥ 0 (0: off)", v);
+            return "";
+          },
+          "INT ≥ 0"));
   app.add_option("--top-p", s.top_p, "nucleus sampling (1: off)")->check(CLI::Range(0.0, 1.0));
   app.add_option("--seed", s.seed, "sampling seed")->capture_default_str();
   app.add_option("-n,--max-tokens", s.max_new_tokens, "maximum new tokens")
@@ -63,6 +98,17 @@ void add_kv_list_option(CLI::App& app, std::vector<std::string>& policies) {
                  "KV policy (repeatable): full | shadowkv | yakv | oracle | landmarks, with "
                  "overrides (e.g. 'yakv,budget=0.05,local=128'); see README")
       ->capture_default_str();
+}
+
+std::unique_ptr<Engine> load_engine(const EngineOptions& o) {
+  auto engine = Engine::load(o);
+  const int64_t train_ctx = engine->config().n_ctx_train;
+  if (o.max_context > 0 && train_ctx > 0 && o.max_context > train_ctx)
+    fmt::print(stderr,
+               "warning: -c {} is above the model's trained context of {} tokens: positions past it were "
+               "never trained, so answers there are unreliable\n",
+               o.max_context, train_ctx);
+  return engine;
 }
 
 }  // namespace kvtier::tools

@@ -16,6 +16,10 @@ void add_kv_option(CLI::App& app, std::string& policy);
 // The same --kv option, repeatable (memory, analyze compare several policies).
 void add_kv_list_option(CLI::App& app, std::vector<std::string>& policies);
 
+// Engine::load plus the tools' warnings about the options (a context above
+// the model's trained one).
+std::unique_ptr<Engine> load_engine(const EngineOptions& o);
+
 // The default model's location (set up by scripts/fetch_default_model.sh).
 std::string default_model_path();
 

@@ -39,7 +39,7 @@ def main():
     ap.add_argument("--model", required=True)
     ap.add_argument("--kvtier", required=True)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="kvtier's backend (and torch's device)")
-    ap.add_argument("--data", default="../shared/data")
+    ap.add_argument("--data", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data"))
     ap.add_argument("--length", type=int, default=1024, help="prompt length in tokens")
     ap.add_argument("--max-new", type=int, default=96)
     ap.add_argument("--hf", action="store_true", help="also compare with transformers' LlamaForCausalLM")

@@ -14,6 +14,7 @@ system turn) into --out. Deterministic for a given kvtier build and data.
 """
 import argparse
 import json
+import lzma
 import os
 import subprocess
 import tempfile
@@ -29,7 +30,11 @@ CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\
 
 def corpus(kvtier, model, data, workdir):
     texts = []
-    for line in open(os.path.join(data, "needlebench", "PaulGrahamEssays.jsonl"), encoding="utf-8"):
+    path = os.path.join(data, "needlebench", "PaulGrahamEssays.jsonl")
+    # The repository stores it xz-compressed (data/README.md).
+    opener = (lambda: lzma.open(path + ".xz", "rt", encoding="utf-8")) if not os.path.exists(path) else \
+        (lambda: open(path, encoding="utf-8"))
+    for line in opener():
         texts.append(json.loads(line)["text"])
     for task in TASKS:
         out = os.path.join(workdir, task + ".jsonl")
@@ -48,7 +53,7 @@ def main():
     ap.add_argument("--kvtier", default="build/tools/kvtier")
     ap.add_argument("--model", default="models/cache/SmolLM2-135M-Instruct.Q4_1.gguf",
                     help="tokenizer that measures the corpus samples' length (any)")
-    ap.add_argument("--data", default="../shared/data")
+    ap.add_argument("--data", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data"))
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()

@@ -80,7 +80,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kvtier", required=True, help="kvtier binary (for `kvtier gen --ids`)")
     ap.add_argument("--tokenizer", default="models/kvtier-longctx-19m", help="directory with tokenizer.json")
-    ap.add_argument("--data", default="../shared/data")
+    ap.add_argument("--data", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data"))
     ap.add_argument("--ckpt", required=True, help="checkpoint directory (resumed when it holds one)")
     ap.add_argument("--export", required=True, help="Hugging Face directory to write")
     ap.add_argument("--budget", type=float, default=980, help="training seconds over all commands")

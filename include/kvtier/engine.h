@@ -32,6 +32,13 @@ struct EngineOptions {
   bool stage_times = false;
 };
 
+// One token's log-probability and the most likely alternatives at its position.
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;  // (token, logprob), most likely first
+};
+
 struct SamplingParams {
   float temperature = 0.0f;  // 0: greedy
   int top_k = 0;             // 0: off
@@ -40,6 +47,13 @@ struct SamplingParams {
   int max_new_tokens = 256;
   std::vector<std::string> stop;  // stop strings (not included in the output)
   bool ignore_eos = false;
+  // Log-probabilities (from the raw logits): -1 off; else each generated
+  // token's, with this many most likely alternatives (GenerationResult::logprobs).
+  int n_logprobs = -1;
+  // -1 off; else every prompt token's after the first, with this many
+  // alternatives (GenerationResult::prompt_logprobs). With max_new_tokens 0
+  // the sequence still runs its prefill, to score the prompt.
+  int n_prompt_logprobs = -1;
 };
 
 struct GenerationResult {
@@ -52,6 +66,8 @@ struct GenerationResult {
   KvMemory kv_memory;
   KvStats kv_stats;       // decode steps' selection and host-tier reads
   std::string kv_policy;  // resolved policy description
+  std::vector<TokenLogprob> logprobs;         // one per token of `tokens` (n_logprobs ≥ 0)
+  std::vector<TokenLogprob> prompt_logprobs;  // prompt tokens 1..n-1 (n_prompt_logprobs ≥ 0)
 };
 
 class Model;
@@ -78,6 +94,9 @@ class Sequence {
   // inspect it, such as `kvtier analyze`).
   KvCache& cache();
   KvMemory kv_memory() const;
+  // Called after each prefill chunk with (prompt tokens done, prompt tokens),
+  // so that a tool can show progress on a long prompt. Set before step().
+  void set_prefill_progress(std::function<void(int64_t done, int64_t total)> on_progress);
 
   struct State;
 

@@ -19,4 +19,10 @@ class LimitError : public Error {
   using Error::Error;
 };
 
+// An allocation (host or GPU) that the machine could not satisfy.
+class OutOfMemoryError : public LimitError {
+ public:
+  using LimitError::LimitError;
+};
+
 }  // namespace kvtier

@@ -46,7 +46,7 @@ DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
     cudaGetLastError();
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
-    throw LimitError(fmt::format("cudaMalloc of {:.3f} GiB failed ({}); {:.3f} GiB free of {:.3f}",
+    throw OutOfMemoryError(fmt::format("cudaMalloc of {:.3f} GiB failed ({}); {:.3f} GiB free of {:.3f}",
                                  double(bytes) / (1ull << 30), cudaGetErrorString(err),
                                  double(free_b) / (1ull << 30), double(total_b) / (1ull << 30)));
   }

@@ -22,7 +22,7 @@ Buffer::Buffer(DeviceKind dev, MemKind mem, size_t bytes) : bytes_(bytes), dev_(
     const size_t rounded = (bytes + 63) / 64 * 64;
     data_ = std::aligned_alloc(64, rounded);
     if (!data_)
-      throw LimitError(fmt::format("out of host memory: allocating {:.3f} GiB failed", double(bytes) / (1ull << 30)));
+      throw OutOfMemoryError(fmt::format("out of host memory: allocating {:.3f} GiB failed", double(bytes) / (1ull << 30)));
     std::memset(data_, 0, rounded);
     if (mem == MemKind::host) host_ = data_;
     return;

@@ -20,7 +20,7 @@ void* malloc_device(size_t bytes) {
     cudaGetLastError();
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
-    throw LimitError(fmt::format("GPU memory: cudaMalloc of {:.3f} GiB failed ({}); {:.3f} GiB free of {:.3f}",
+    throw OutOfMemoryError(fmt::format("GPU memory: cudaMalloc of {:.3f} GiB failed ({}); {:.3f} GiB free of {:.3f}",
                                  double(bytes) / (1ull << 30), cudaGetErrorString(err), double(free_b) / (1ull << 30),
                                  double(total_b) / (1ull << 30)));
   }

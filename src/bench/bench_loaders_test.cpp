@@ -1,5 +1,5 @@
 // Loaders: malformed input is reported with the file and line; the real data
-// files in ../shared/data load.
+// files in data/ load.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -97,11 +97,9 @@ TEST(BenchLoaders, GoldFromRecords) {
   EXPECT_EQ(gold_from_record("longproc", {{"gt", "a\tb"}}, "x")["gt"], "a\tb");
 }
 
-std::string data_root() { return std::string(KVT_SOURCE_DIR) + "/../shared/data"; }
+std::string data_root() { return std::string(KVT_SOURCE_DIR) + "/data"; }
 
 TEST(BenchLoaders, RealLongProcData) {
-  if (!std::filesystem::exists(data_root() + "/longproc_html_to_tsv/prompts.yaml"))
-    GTEST_SKIP() << "no ../shared/data beside the repository";
   const auto samples = make_samples("longproc-0.5k", 0, 3, 0, TaskSource{data_root(), "", {}});
   ASSERT_EQ(samples.size(), 3u);
   EXPECT_EQ(samples[0].id, "W309_0.5k_1");
@@ -119,6 +117,28 @@ TEST(BenchLoaders, RealLongProcData) {
     for (const auto& x : all)
       EXPECT_DOUBLE_EQ(score_prediction("longproc", x.gold["gt"].get<std::string>(), x.gold).score, 1.0) << x.id;
   }
+}
+
+TEST(BenchLoaders, XzFilesReadTransparently) {
+  const auto dir = std::filesystem::temp_directory_path() / "kvt_xz_test";
+  std::filesystem::create_directories(dir);
+  const std::string plain = (dir / "a.jsonl").string();
+  std::filesystem::remove(plain);
+  // `printf '{"a": 1}\n' | xz -9 | od -An -tx1`: the reader must decompress it.
+  const unsigned char xz[] = {0xfd, 0x37, 0x7a, 0x58, 0x5a, 0x00, 0x00, 0x04, 0xe6, 0xd6, 0xb4, 0x46, 0x02, 0x00,
+                              0x21, 0x01, 0x1c, 0x00, 0x00, 0x00, 0x10, 0xcf, 0x58, 0xcc, 0x01, 0x00, 0x08, 0x7b,
+                              0x22, 0x61, 0x22, 0x3a, 0x20, 0x31, 0x7d, 0x0a, 0x00, 0x00, 0x00, 0x00, 0xfc, 0xe5,
+                              0x7e, 0xac, 0x82, 0x4c, 0x59, 0x40, 0x00, 0x01, 0x21, 0x09, 0x6c, 0x18, 0xc5, 0xd5,
+                              0x1f, 0xb6, 0xf3, 0x7d, 0x01, 0x00, 0x00, 0x00, 0x00, 0x04, 0x59, 0x5a};
+  std::ofstream(plain + ".xz", std::ios::binary).write(reinterpret_cast<const char*>(xz), sizeof(xz));
+  EXPECT_EQ(read_text_file(plain), "{\"a\": 1}\n");
+  EXPECT_EQ(read_text_file(plain + ".xz"), "{\"a\": 1}\n");
+  const auto recs = read_jsonl(plain);
+  ASSERT_EQ(recs.size(), 1u);
+  EXPECT_EQ(recs[0].value["a"], 1);
+  // A corrupt .xz names the file.
+  std::ofstream(plain + ".xz", std::ios::binary) << "not xz";
+  EXPECT_NE(error_of([&] { read_text_file(plain); }).find("a.jsonl.xz"), std::string::npos);
 }
 
 }  // namespace

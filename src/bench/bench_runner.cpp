@@ -42,6 +42,16 @@ std::vector<json> read_bench_records(const std::string& path) {
   return out;
 }
 
+void drop_partial_last_line(const std::string& path) {
+  if (!std::filesystem::exists(path)) return;
+  const std::string text = read_text_file(path);
+  if (text.empty() || text.back() == '\n') return;
+  const size_t nl = text.rfind('\n');
+  const size_t keep = nl == std::string::npos ? 0 : nl + 1;
+  std::filesystem::resize_file(path, keep);
+  fmt::print(stderr, "bench: removed the incomplete last line of {} ({} bytes)\n", path, text.size() - keep);
+}
+
 namespace {
 
 class ProgressBar {
@@ -94,6 +104,10 @@ std::vector<json> run_bench(Engine& engine, const BenchConfig& c) {
   ProgressBar bar(total, c.progress);
   int64_t n_done = 0;
 
+  // An interrupted run may have left half a line: cut it off, so that the
+  // next record starts on a line of its own (appending onto the fragment
+  // would corrupt both).
+  drop_partial_last_line(c.output);
   std::ofstream out(c.output, std::ios::app);
   KVT_CHECK(out.good(), "bench: cannot open '{}' for appending", c.output);
   for (const auto& task : c.tasks) {

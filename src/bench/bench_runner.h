@@ -33,6 +33,10 @@ std::string record_key(const nlohmann::json& record);
 // line (an interrupted write) is ignored; other malformed lines are errors.
 std::vector<nlohmann::json> read_bench_records(const std::string& path);
 
+// Truncates `path` after its last newline when its last line is incomplete
+// (an interrupted write), so that appending starts a fresh line.
+void drop_partial_last_line(const std::string& path);
+
 // Runs every (task, ctx, sample, policy) not yet in the output, appending one
 // record each: task, id, policy, ctx, context_tokens, prediction, score
 // (0-100), excluded, details, gpu/host bytes and bytes per token, prefill and

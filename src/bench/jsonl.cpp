@@ -1,5 +1,8 @@
 #include "bench/jsonl.h"
 
+#include <lzma.h>
+
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -7,12 +10,47 @@
 
 namespace kvtier::bench {
 
-std::string read_text_file(const std::string& path) {
+namespace {
+
+std::string read_raw(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   KVT_CHECK(f.good(), "cannot open '{}' for reading", path);
   std::ostringstream ss;
   ss << f.rdbuf();
   return ss.str();
+}
+
+// The whole .xz stream `in`, decompressed (liblzma), with a memory limit far
+// above what the repository's data needs.
+std::string xz_decompress(const std::string& in, const std::string& path) {
+  lzma_stream z = LZMA_STREAM_INIT;
+  KVT_CHECK(lzma_stream_decoder(&z, uint64_t(1) << 30, LZMA_CONCATENATED) == LZMA_OK,
+            "{}: cannot start the xz decoder", path);
+  std::string out;
+  char buf[1 << 16];
+  z.next_in = reinterpret_cast<const uint8_t*>(in.data());
+  z.avail_in = in.size();
+  lzma_ret rc = LZMA_OK;
+  while (rc == LZMA_OK) {
+    z.next_out = reinterpret_cast<uint8_t*>(buf);
+    z.avail_out = sizeof(buf);
+    rc = lzma_code(&z, LZMA_FINISH);
+    out.append(buf, sizeof(buf) - z.avail_out);
+  }
+  lzma_end(&z);
+  KVT_CHECK(rc == LZMA_STREAM_END, "{}: not a valid .xz file (liblzma error {})", path, int(rc));
+  return out;
+}
+
+}  // namespace
+
+std::string read_text_file(const std::string& path) {
+  // The repository's data files are stored xz-compressed (data/README.md):
+  // X is read from X.xz when only that exists.
+  if (!std::filesystem::exists(path) && std::filesystem::exists(path + ".xz"))
+    return xz_decompress(read_raw(path + ".xz"), path + ".xz");
+  if (path.size() > 3 && path.compare(path.size() - 3, 3, ".xz") == 0) return xz_decompress(read_raw(path), path);
+  return read_raw(path);
 }
 
 std::vector<JsonlRecord> parse_jsonl(const std::string& text, const std::string& name) {

@@ -21,6 +21,8 @@ std::vector<JsonlRecord> parse_jsonl(const std::string& text, const std::string&
 std::vector<JsonlRecord> read_jsonl(const std::string& path);
 
 // Reads a whole file; throws kvtier::Error naming the path when it cannot.
+// A path ending in .xz, or a path X that is absent while X.xz exists, is
+// decompressed (the repository's data/ is stored that way).
 std::string read_text_file(const std::string& path);
 
 // Field access with errors naming the source, line and field.

@@ -2,6 +2,8 @@
 // configuration reports its GPU and host bytes per token): the plan's
 // layouts (kv_plan.h) decide the record sizes, padding included, so these are
 // the bytes the caches hold.
+#include <algorithm>
+
 #include "kv/kv_plan.h"
 #include "ops/quant/quant_format.h"
 
@@ -36,6 +38,18 @@ KvFootprint plan_footprint(const KvPlan& k, int64_t n_ctx) {
 
 KvFootprint kv_footprint(const PolicyConfig& p, const KvGeometry& g, int64_t n_ctx) {
   return plan_footprint(plan_kv(p, g, DeviceKind::cpu), n_ctx);
+}
+
+int64_t kv_charge_bytes(const PolicyConfig& p, const KvGeometry& g, int64_t n_ctx, bool gpu_tier_in_host) {
+  KvPlan plan = plan_kv(p, g, DeviceKind::cpu);
+  fit_plan_to_tokens(plan, n_ctx);
+  const KvFootprint f = plan_footprint(plan, n_ctx);
+  return f.host_bytes + (gpu_tier_in_host ? f.gpu_bytes : 0);
+}
+
+void fit_plan_to_tokens(KvPlan& plan, int64_t n_total) {
+  plan.sink = int(std::min<int64_t>(plan.sink, n_total));
+  plan.ring = int(std::min<int64_t>(plan.ring, std::max<int64_t>({n_total - plan.sink, plan.unit - 1, 0})));
 }
 
 }  // namespace kvtier

@@ -85,4 +85,11 @@ KvPlan plan_kv(const PolicyConfig& p, const KvGeometry& g, DeviceKind device);
 // only bytes-per-token arithmetic of the tiered cache).
 KvFootprint plan_footprint(const KvPlan& plan, int64_t n_ctx);
 
+// Sizes the resident slots for a sequence that will never hold more than
+// n_total tokens: a sink longer than that holds them all, and a window
+// (`local=`, or a residual unit's unindexed tail) longer than the tokens past
+// the sink never wraps (window rows start past the sink). Same slots, same
+// results; a large `sink=` or `local=` costs only the tokens that can exist.
+void fit_plan_to_tokens(KvPlan& plan, int64_t n_total);
+
 }  // namespace kvtier

@@ -274,6 +274,21 @@ std::string to_string(const PolicyConfig& p) {
   return s;
 }
 
+void check_policy_fits_context(const PolicyConfig& p, int64_t n_ctx) {
+  auto check = [&](const char* knob, int64_t tokens) {
+    if (tokens > n_ctx)
+      throw LimitError(fmt::format("kv policy: {}={} tokens exceeds the context of {} tokens", knob, tokens,
+                                   n_ctx));
+  };
+  check("sink", p.sink);
+  check("local", p.local);
+  check("min_budget", p.min_budget);
+  if (p.budget >= 1) check("budget", int64_t(p.budget));
+  if (p.index != IndexKind::none && p.index != IndexKind::exact) check("chunk", p.chunk);
+  if (p.outliers > 0) check("outliers (x chunk)", int64_t(p.outliers) * p.chunk);
+  if (p.residual) check("m (x chunk)", int64_t(p.res_m) * p.chunk);
+}
+
 int64_t budget_tokens(const PolicyConfig& p, int64_t n_prompt) {
   if (p.budget <= 0) return 0;
   const int64_t b = p.budget >= 1 ? int64_t(p.budget)

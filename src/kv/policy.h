@@ -57,6 +57,12 @@ PolicyConfig parse_policy(const std::string& text);
 // The fully resolved policy in the grammar above (parse_policy round-trips it).
 std::string to_string(const PolicyConfig& p);
 
+// Knobs that size memory in tokens (sink, local, budget in tokens,
+// min_budget, chunk, outliers·chunk) must fit a context of n_ctx tokens:
+// throws kvtier::LimitError naming the knob otherwise. Called when a
+// sequence starts, so that no knob can allocate beyond the context.
+void check_policy_fits_context(const PolicyConfig& p, int64_t n_ctx);
+
 // Sparse budget in tokens for a prompt of n_prompt tokens (≥ 1 when budget > 0),
 // at least min_budget.
 int64_t budget_tokens(const PolicyConfig& p, int64_t n_prompt);
@@ -80,5 +86,11 @@ struct KvFootprint {
   int64_t host_bytes = 0;  // for n_ctx tokens
 };
 KvFootprint kv_footprint(const PolicyConfig& p, const KvGeometry& g, int64_t n_ctx);
+
+// What a sequence of up to n_ctx tokens may hold in host memory, the bytes a
+// host KV budget is charged: the host tier, plus the GPU tier when
+// `gpu_tier_in_host` (the CPU device keeps the key index and the resident
+// sink/local windows in host memory too). Windows count at most n_ctx tokens.
+int64_t kv_charge_bytes(const PolicyConfig& p, const KvGeometry& g, int64_t n_ctx, bool gpu_tier_in_host);
 
 }  // namespace kvtier

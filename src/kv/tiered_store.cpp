@@ -59,8 +59,10 @@ TieredKvStore::TieredKvStore(const PolicyConfig& p, const KvGeometry& g)
   dense_v_.resize(L);
   sink_k_.resize(L);
   sink_v_.resize(L);
-  ring_k_.assign(L, std::vector<float>(size_t(p.local) * width_));
-  ring_v_.assign(L, std::vector<float>(size_t(p.local) * width_));
+  // The local window's ring grows with the tokens held (up to `local`), so
+  // that a large local= costs memory only for tokens that exist.
+  ring_k_.resize(L);
+  ring_v_.resize(L);
   out_k_.resize(L);
   out_v_.resize(L);
   outliers_.assign(L, std::vector<std::vector<int64_t>>(g.n_kv_head));
@@ -96,6 +98,10 @@ void TieredKvStore::append(int layer, const float* k_pre, const float* k, const 
       round_resident(sink_v_[layer].data() + pos * w, w);
     }
     if (p_.local > 0) {
+      if (pos < p_.local) {
+        ring_k_[layer].resize(size_t(pos + 1) * size_t(w));
+        ring_v_[layer].resize(size_t(pos + 1) * size_t(w));
+      }
       float* rk = ring_k_[layer].data() + (pos % p_.local) * w;
       float* rv = ring_v_[layer].data() + (pos % p_.local) * w;
       std::copy(k + i * w, k + (i + 1) * w, rk);

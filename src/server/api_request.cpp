@@ -227,15 +227,6 @@ void refuse_unsupported(const json& body, Endpoint endpoint) {
   if (const json* v = field(body, "best_of"); v && get_int(*v, "best_of", 1, 1 << 20) != 1) {
     bad("best_of", "'best_of' must be 1: this server returns one choice per request");
   }
-  if (const json* v = field(body, "echo"); v && get_bool(*v, "echo")) {
-    bad("echo", "'echo' is not supported by this server");
-  }
-  if (const json* v = field(body, "logprobs")) {
-    const bool on = endpoint == Endpoint::chat ? get_bool(*v, "logprobs")
-                                               : get_int(*v, "logprobs", 0, 20) != 0;
-    if (on) bad("logprobs", "'logprobs' is not supported by this server");
-  }
-  if (field(body, "top_logprobs")) bad("top_logprobs", "'top_logprobs' is not supported");
   if (const json* v = field(body, "suffix"); v && !(v->is_string() && v->get_ref<const std::string&>().empty())) {
     bad("suffix", "'suffix' is not supported by this server");
   }
@@ -268,6 +259,29 @@ void refuse_unsupported(const json& body, Endpoint endpoint) {
   if (const json* v = field(body, "user")) get_string(*v, "user");
 }
 
+// completions: "logprobs": N (0..20) and "echo"; chat: "logprobs": bool and
+// "top_logprobs": N (0..20, needs logprobs true).
+void parse_logprobs(const json& body, ApiRequest& r) {
+  const json* lp = field(body, "logprobs");
+  const json* top = field(body, "top_logprobs");
+  if (r.endpoint == Endpoint::completions) {
+    if (top) bad("top_logprobs", "'top_logprobs' belongs to chat completions; here 'logprobs' is the count");
+    if (lp) r.logprobs = int(get_int(*lp, "logprobs", 0, kMaxTopLogprobs));
+    if (const json* v = field(body, "echo")) r.echo = get_bool(*v, "echo");
+    return;
+  }
+  if (const json* v = field(body, "echo"); v && get_bool(*v, "echo"))
+    bad("echo", "'echo' belongs to /v1/completions");
+  const bool on = lp && get_bool(*lp, "logprobs");
+  if (top) {
+    const int n = int(get_int(*top, "top_logprobs", 0, kMaxTopLogprobs));
+    if (!on) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    r.logprobs = n;
+  } else if (on) {
+    r.logprobs = 0;
+  }
+}
+
 }  // namespace
 
 ApiRequest parse_request(std::string_view body, Endpoint endpoint) {
@@ -290,6 +304,7 @@ ApiRequest parse_request(std::string_view body, Endpoint endpoint) {
     parse_messages(j, r);
   }
   refuse_unsupported(j, endpoint);
+  parse_logprobs(j, r);
 
   const json* mt = field(j, "max_tokens");
   const char* mt_name = "max_tokens";
@@ -299,7 +314,8 @@ ApiRequest parse_request(std::string_view body, Endpoint endpoint) {
       mt_name = "max_completion_tokens";
     }
   }
-  if (mt) r.max_tokens = get_int(*mt, mt_name, 1, std::numeric_limits<int32_t>::max());
+  // max_tokens 0 only with echo: the prompt alone is returned (and scored).
+  if (mt) r.max_tokens = get_int(*mt, mt_name, r.echo ? 0 : 1, std::numeric_limits<int32_t>::max());
   if (const json* v = field(j, "temperature")) r.temperature = float(get_number(*v, "temperature", 0, 2));
   if (const json* v = field(j, "top_p")) {
     r.top_p = float(get_number(*v, "top_p", 0, 1));

@@ -57,14 +57,21 @@ struct ApiRequest {
   bool include_usage = false;  // stream_options.include_usage
   bool ignore_eos = false;     // extension (as in vLLM)
   std::optional<std::string> kv_policy;  // extension: "kv_policy" or "kvtier": {"kv_policy"}
+  // Log-probabilities: -1 off; else the number of most likely alternatives per
+  // token (completions: "logprobs": N; chat: "logprobs": true + "top_logprobs": N).
+  int logprobs = -1;
+  bool echo = false;  // completions: the prompt is repeated before the answer (with logprobs: scored)
 };
+
+// Most alternatives per token for logprobs / top_logprobs (OpenAI's chat limit).
+inline constexpr int kMaxTopLogprobs = 20;
 
 // Most stop strings per request (OpenAI allows 4; a few more do no harm).
 inline constexpr int kMaxStopStrings = 16;
 
 // Parses a request body. Throws RequestError (status 400) for malformed JSON,
 // a body that is not an object, a field of the wrong type or out of range, or a
-// feature the server does not implement (n > 1, logprobs, echo, penalties…).
+// feature the server does not implement (n > 1, penalties, logit_bias…).
 ApiRequest parse_request(std::string_view body, Endpoint endpoint);
 
 }  // namespace kvtier::server

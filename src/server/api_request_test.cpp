@@ -130,14 +130,8 @@ TEST(ApiRequest, WrongTypesNameTheField) {
 TEST(ApiRequest, UnsupportedFeaturesAreRefused) {
   EXPECT_EQ(error_of(R"({"prompt": "x", "n": 2})").param(), "n");
   EXPECT_EQ(error_of(R"({"prompt": "x", "best_of": 3})").param(), "best_of");
-  EXPECT_EQ(error_of(R"({"prompt": "x", "echo": true})").param(), "echo");
-  EXPECT_EQ(error_of(R"({"prompt": "x", "logprobs": 2})").param(), "logprobs");
   EXPECT_EQ(error_of(R"({"prompt": "x", "frequency_penalty": 0.5})").param(), "frequency_penalty");
   EXPECT_EQ(error_of(R"({"prompt": "x", "logit_bias": {"5": 1}})").param(), "logit_bias");
-  EXPECT_EQ(error_of(R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true})",
-                     Endpoint::chat)
-                .param(),
-            "logprobs");
   EXPECT_EQ(error_of(R"({"messages": [{"role": "user", "content": "x"}], "tools": [{}]})",
                      Endpoint::chat)
                 .param(),
@@ -159,6 +153,29 @@ TEST(ApiRequest, MalformedBodies) {
   std::string deep(100000, '[');
   deep = "{\"prompt\": " + deep + std::string(100000, ']') + "}";
   EXPECT_EQ(error_of(deep).status(), 400);
+}
+
+TEST(ApiRequest, LogprobsAndEcho) {
+  const ApiRequest c = parse_request(R"({"prompt": "x", "logprobs": 3, "echo": true, "max_tokens": 0})",
+                                     Endpoint::completions);
+  EXPECT_EQ(c.logprobs, 3);
+  EXPECT_TRUE(c.echo);
+  EXPECT_EQ(*c.max_tokens, 0);
+  // max_tokens 0 needs echo; the count is bounded; chat uses top_logprobs.
+  EXPECT_EQ(error_of(R"({"prompt": "x", "max_tokens": 0})").param(), "max_tokens");
+  EXPECT_EQ(error_of(R"({"prompt": "x", "logprobs": 21})").param(), "logprobs");
+  EXPECT_EQ(error_of(R"({"prompt": "x", "top_logprobs": 2})").param(), "top_logprobs");
+  const char* chat = R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 5})";
+  EXPECT_EQ(parse_request(chat, Endpoint::chat).logprobs, 5);
+  EXPECT_EQ(parse_request(R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true})", Endpoint::chat)
+                .logprobs,
+            0);
+  EXPECT_EQ(parse_request(R"({"messages": [{"role": "user", "content": "x"}]})", Endpoint::chat).logprobs, -1);
+  EXPECT_EQ(error_of(R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", Endpoint::chat)
+                .param(),
+            "top_logprobs");
+  EXPECT_EQ(error_of(R"({"messages": [{"role": "user", "content": "x"}], "echo": true})", Endpoint::chat).param(),
+            "echo");
 }
 
 }  // namespace

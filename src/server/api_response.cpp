@@ -41,16 +41,17 @@ std::string openai_finish_reason(const std::string& engine_reason) {
   return engine_reason == "length" ? "length" : "stop";
 }
 
-json completion_json(const ResponseMeta& meta, const GenerationResult& r) {
+json completion_json(const ResponseMeta& meta, const GenerationResult& r, const std::string& echo_prefix,
+                     const json& logprobs) {
   const int64_t n_completion = int64_t(r.tokens.size());
   json choice = {{"index", 0}, {"finish_reason", openai_finish_reason(r.finish_reason)},
-                 {"logprobs", nullptr}};
+                 {"logprobs", logprobs}};
   json out = {{"id", meta.id}, {"created", meta.created}, {"model", meta.model}};
   if (meta.endpoint == Endpoint::chat) {
     choice["message"] = {{"role", "assistant"}, {"content", r.text}};
     out["object"] = "chat.completion";
   } else {
-    choice["text"] = r.text;
+    choice["text"] = echo_prefix + r.text;
     out["object"] = "text_completion";
   }
   out["choices"] = json::array({choice});
@@ -60,8 +61,8 @@ json completion_json(const ResponseMeta& meta, const GenerationResult& r) {
 }
 
 json stream_chunk_json(const ResponseMeta& meta, const std::string& text, bool first,
-                       const std::optional<std::string>& finish_reason, bool usage_null) {
-  json choice = {{"index", 0}, {"logprobs", nullptr}};
+                       const std::optional<std::string>& finish_reason, bool usage_null, const json& logprobs) {
+  json choice = {{"index", 0}, {"logprobs", logprobs}};
   choice["finish_reason"] = finish_reason ? json(*finish_reason) : json(nullptr);
   json out = {{"id", meta.id}, {"created", meta.created}, {"model", meta.model}};
   if (meta.endpoint == Endpoint::chat) {

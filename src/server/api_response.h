@@ -41,7 +41,11 @@ nlohmann::json kvtier_json(const GenerationResult& r);
 std::string openai_finish_reason(const std::string& engine_reason);
 
 // The whole non-streaming response: text_completion or chat.completion.
-nlohmann::json completion_json(const ResponseMeta& meta, const GenerationResult& r);
+// echo_prefix: the prompt's text, put before the answer (completions' echo);
+// logprobs: the choice's logprobs object (null when not asked for).
+nlohmann::json completion_json(const ResponseMeta& meta, const GenerationResult& r,
+                               const std::string& echo_prefix = {},
+                               const nlohmann::json& logprobs = nullptr);
 
 // One streaming chunk carrying `text`. Chat: the first chunk of a stream
 // (first = true) also carries the role. finish_reason set: the closing chunk.
@@ -49,7 +53,7 @@ nlohmann::json completion_json(const ResponseMeta& meta, const GenerationResult&
 // but the last when stream_options.include_usage is on).
 nlohmann::json stream_chunk_json(const ResponseMeta& meta, const std::string& text, bool first,
                                  const std::optional<std::string>& finish_reason,
-                                 bool usage_null);
+                                 bool usage_null, const nlohmann::json& logprobs = nullptr);
 
 // The extra last chunk of a stream with include_usage: no choices, usage and
 // the kvtier object.

@@ -1,7 +1,11 @@
 #include "server/http_server.h"
 
 #include <fmt/format.h>
-#include <httplib.h>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -10,7 +14,10 @@
 
 #include "server/api_request.h"
 #include "server/api_response.h"
+#include "server/completion_call.h"
+#include "server/http_connection.h"
 #include "server/job_builder.h"
+#include "server/metrics.h"
 #include "server/scheduler.h"
 
 namespace kvtier::server {
@@ -19,34 +26,34 @@ using nlohmann::json;
 
 namespace {
 
-const char* kJson = "application/json";
-
-void send_error(httplib::Response& res, int status, const json& body) {
-  res.status = status;
-  if (status == 503 || status == 429) res.set_header("Retry-After", "1");
-  res.set_content(dump_json(body), kJson);
-}
-
-const char* status_type(int status) {
-  if (status == 401) return "authentication_error";
-  if (status == 404) return "not_found_error";
-  if (status >= 500) return "server_error";
-  return "invalid_request_error";
-}
-
 int64_t unix_now() {
-  return std::chrono::duration_cast<std::chrono::seconds>(
-             std::chrono::system_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 
-// What the chunked content provider of one streaming request carries between calls.
-struct StreamState {
-  std::shared_ptr<Channel> channel;
-  ResponseMeta meta;
-  bool include_usage = false;
-  bool first = true;
-};
+std::chrono::milliseconds ms(double seconds) { return std::chrono::milliseconds(int64_t(seconds * 1000.0)); }
+
+Reply json_reply(int status, const json& body) {
+  Reply r;
+  r.status = status;
+  r.body = dump_json(body);
+  if (status == 503 || status == 429) r.headers.push_back({"Retry-After", "1"});
+  return r;
+}
+
+Reply error_reply(const RequestError& e) { return json_reply(e.status(), error_json(e)); }
+
+// A JSON object body, or a RequestError (400).
+json parse_object(const std::string& body) {
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::exception& e) {
+    throw RequestError(400, fmt::format("the request body is not valid JSON: {}", e.what()));
+  }
+  if (!j.is_object()) throw RequestError(400, "the request body must be a JSON object");
+  return j;
+}
 
 }  // namespace
 
@@ -55,29 +62,50 @@ struct HttpServer::Impl {
   ServerOptions options;
   ServerLimits limits;
   Scheduler scheduler;
-  httplib::Server http;
+  Metrics metrics;
   std::string model_id;
   int64_t started_at = unix_now();
   std::atomic<uint64_t> next_id{0};
-  std::atomic<int> n_open_streams{0};
+  std::atomic<int> n_open_calls{0};
+  std::atomic<uint64_t> n_cancelled{0};
   std::atomic<bool> stopping{false};
   std::atomic<bool> running{false};
+
+  // Declared before the io_context: calls and connections that it destroys
+  // with its pending handlers still refer to them.
+  std::shared_ptr<ConnectionContext> conn_ctx = std::make_shared<ConnectionContext>();
+  CallContext call_ctx;
+  net::io_context ioc;
+  net::executor_work_guard<net::io_context::executor_type> guard{ioc.get_executor()};
+  tcp::acceptor acceptor{ioc};
+  net::thread_pool work{2};  // request parsing and tokenization, off the I/O threads
 
   Impl(Engine& e, const ServerOptions& o)
       : engine(e),
         options(o),
         limits(make_limits(e, o.max_prompt_tokens, o.max_new_tokens, o.default_kv_policy)),
         scheduler(e, SchedulerOptions{o.max_active, o.max_queue, o.host_kv_budget_bytes}),
-        model_id(e.model_name()) {
+        metrics(e.model_name(), limits.n_ctx),
+        model_id(e.model_name()),
+        call_ctx{scheduler, metrics, e.tokenizer(), std::chrono::milliseconds(o.heartbeat_ms),
+                 ms(o.request_timeout_seconds), n_open_calls, n_cancelled} {
     KVT_CHECK(o.heartbeat_ms >= 1, "server: heartbeat_ms must be ≥ 1, got {}", o.heartbeat_ms);
-    // Handlers mostly wait on their channel, so one thread per request that can
-    // be in flight (active + queued) plus a few for /health and refusals.
-    const size_t n_threads = size_t(std::clamp(o.max_active + o.max_queue + 8, 8, 1024));
-    http.new_task_queue = [n_threads] { return new httplib::ThreadPool(n_threads); };
-    http.set_payload_max_length(o.max_body_bytes);
-    // Clients such as the openai package keep connections open; httplib's
-    // default closes one after 5 requests.
-    http.set_keep_alive_max_count(1000);
+    KVT_CHECK(o.header_timeout_seconds > 0, "server: the header timeout must be > 0 s, got {}",
+              o.header_timeout_seconds);
+    KVT_CHECK(o.request_timeout_seconds >= 0, "server: the request timeout must be ≥ 0 s, got {}",
+              o.request_timeout_seconds);
+    KVT_CHECK(o.max_connections >= 1, "server: max_connections must be ≥ 1, got {}", o.max_connections);
+    KVT_CHECK(o.io_threads >= 1 && o.io_threads <= 64, "server: io_threads must be in 1..64, got {}", o.io_threads);
+    ConnectionLimits& l = conn_ctx->limits;
+    l.header_timeout = ms(o.header_timeout_seconds);
+    l.body_timeout = std::max(ms(30), l.header_timeout * 3);
+    l.write_timeout = std::max(ms(30), l.header_timeout * 3);
+    l.max_body_bytes = o.max_body_bytes;
+    l.api_key = o.api_key;
+    conn_ctx->on_response = [this](int status) { metrics.count_response(status); };
+    conn_ctx->error_reply = [](int status, const std::string& message, const std::string& type) {
+      return json_reply(status, error_json(message, type));
+    };
     routes();
   }
 
@@ -86,44 +114,84 @@ struct HttpServer::Impl {
     return fmt::format("{}-{:x}{:06x}", ep == Endpoint::chat ? "chatcmpl" : "cmpl", started_at, n);
   }
 
-  void routes() {
-    http.Get("/health", [this](const httplib::Request&, httplib::Response& res) { health(res); });
-    http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-      json m = {{"id", model_id}, {"object", "model"}, {"created", started_at},
-                {"owned_by", "kvtier"}};
-      res.set_content(dump_json(json{{"object", "list"}, {"data", json::array({m})}}), kJson);
-    });
-    http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      generate(req, res, Endpoint::completions);
-    });
-    http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      generate(req, res, Endpoint::chat);
-    });
-    // Routing misses, oversized bodies (413) and the like get OpenAI-style bodies too.
-    http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-      if (!res.body.empty()) return;
-      std::string msg = res.status == 404 ? fmt::format("no route for {} {}", req.method, req.path)
-                                          : fmt::format("HTTP {}", res.status);
-      if (res.status == 413) msg = "the request body is too large";
-      res.set_content(dump_json(error_json(msg, status_type(res.status))), kJson);
-    });
-    http.set_exception_handler(
-        [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-          std::string msg = "internal error";
-          try {
-            if (ep) std::rethrow_exception(ep);
-          } catch (const std::exception& e) {
-            msg = fmt::format("internal error: {}", e.what());
-          } catch (...) {
-          }
-          send_error(res, 500, error_json(msg, "server_error"));
-        });
+  using Handler = std::function<void(const std::shared_ptr<Connection>&, Request&)>;
+  void route(const char* path, http::verb method, bool needs_key, Handler h) {
+    conn_ctx->routes.push_back({path, method, needs_key, std::move(h)});
   }
 
-  void health(httplib::Response& res) {
-    const SchedulerStats s = scheduler.stats();
+  // Runs f (returning a Reply; RequestError → its status) on the work pool,
+  // then replies on the connection's strand.
+  template <class F>
+  void on_work(const std::shared_ptr<Connection>& c, F f) {
+    net::post(work, [c, f = std::move(f)]() mutable {
+      Reply r;
+      try {
+        r = f();
+      } catch (const RequestError& e) {
+        r = error_reply(e);
+      } catch (const Error& e) {
+        r = json_reply(400, error_json(e.what()));
+      }
+      c->post([c, r = std::move(r)]() mutable { c->reply(std::move(r)); });
+    });
+  }
+
+  void routes() {
+    using http::verb;
+    route("/health", verb::get, false, [this](auto& c, Request&) { c->reply(health()); });
+    route("/metrics", verb::get, false, [this](auto& c, Request&) {
+      Reply r;
+      r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+      r.body = metrics.render(gauges());
+      c->reply(std::move(r));
+    });
+    route("/v1/models", verb::get, true, [this](auto& c, Request&) {
+      json m = {{"id", model_id}, {"object", "model"}, {"created", started_at}, {"owned_by", "kvtier"},
+                {"max_model_len", limits.n_ctx}};
+      c->reply(json_reply(200, json{{"object", "list"}, {"data", json::array({m})}}));
+    });
+    route("/v1/completions", verb::post, true, [this](auto& c, Request& req) { generate(c, req, Endpoint::completions); });
+    route("/v1/chat/completions", verb::post, true,
+          [this](auto& c, Request& req) { generate(c, req, Endpoint::chat); });
+    route("/tokenize", verb::post, true, [this](auto& c, Request& req) {
+      on_work(c, [this, body = std::move(req.body())] { return tokenize(body); });
+    });
+    route("/detokenize", verb::post, true, [this](auto& c, Request& req) {
+      on_work(c, [this, body = std::move(req.body())] { return detokenize(body); });
+    });
+    route("/tokenizer_info", verb::get, true, [this](auto& c, Request&) { c->reply(tokenizer_info()); });
+  }
+
+  SchedulerStats stats() const { return scheduler.stats(); }
+
+  // Hook for the engine's transfer statistics (host → GPU bytes, slot-cache
+  // hits): the engine does not report them per sequence yet, so nothing is
+  // filled in and /metrics leaves those series out.
+  void transfer_stats(ServerGauges&) const {}
+
+  ServerGauges gauges() const {
+    const SchedulerStats s = stats();
+    ServerGauges g;
+    g.n_running = s.n_active;
+    g.n_waiting = s.n_queued;
+    g.kv_gpu_bytes = s.kv_gpu_bytes;
+    g.kv_host_bytes = s.kv_host_bytes;
+    g.host_kv_reserved_bytes = s.host_kv_reserved_bytes;
+    g.host_kv_budget_bytes = options.host_kv_budget_bytes;
+    g.kv_cache_usage = options.host_kv_budget_bytes > 0
+                           ? double(s.host_kv_reserved_bytes) / double(options.host_kv_budget_bytes)
+                           : 0.0;
+    g.open_connections = conn_ctx->n_open.load();
+    g.rejected = s.n_rejected;
+    g.cancelled = n_cancelled.load();
+    transfer_stats(g);
+    return g;
+  }
+
+  Reply health() {
+    const SchedulerStats s = stats();
     json j = {
-        {"status", s.accepting ? "ok" : "shutting_down"},
+        {"status", s.accepting && !stopping ? "ok" : "shutting_down"},
         {"model", model_id},
         {"default_kv_policy", limits.default_kv_policy},
         {"active_sequences", s.n_active},
@@ -131,7 +199,8 @@ struct HttpServer::Impl {
         {"kv_gpu_bytes", s.kv_gpu_bytes},
         {"kv_host_bytes", s.kv_host_bytes},
         {"host_kv_reserved_bytes", s.host_kv_reserved_bytes},
-        {"open_streams", n_open_streams.load()},
+        {"open_connections", conn_ctx->n_open.load()},
+        {"open_requests", n_open_calls.load()},
         {"requests",
          {{"completed", s.n_completed},
           {"cancelled", s.n_cancelled},
@@ -145,138 +214,183 @@ struct HttpServer::Impl {
           {"max_new_tokens", limits.max_new_tokens},
           {"max_active", options.max_active},
           {"max_queue", options.max_queue},
-          {"host_kv_budget_bytes", options.host_kv_budget_bytes}}},
+          {"host_kv_budget_bytes", options.host_kv_budget_bytes},
+          {"header_timeout_seconds", options.header_timeout_seconds},
+          {"request_timeout_seconds", options.request_timeout_seconds},
+          {"max_connections", options.max_connections}}},
     };
-    res.status = s.accepting ? 200 : 503;
-    res.set_content(dump_json(j), kJson);
+    return json_reply(s.accepting && !stopping ? 200 : 503, j);
   }
 
-  void generate(const httplib::Request& req, httplib::Response& res, Endpoint ep) {
-    std::shared_ptr<Channel> ch;
-    ApiRequest r;
-    try {
-      r = parse_request(req.body, ep);
-      ch = scheduler.submit(build_job(r, engine, limits));
-    } catch (const RequestError& e) {
-      send_error(res, e.status(), error_json(e));
-      return;
-    } catch (const Error& e) {
-      // Tokenizer or chat-template refusals of this input.
-      send_error(res, 400, error_json(e.what()));
-      return;
-    }
-    ResponseMeta meta{ep, new_id(ep), unix_now(), model_id};
-    if (r.stream) {
-      stream(res, std::move(ch), std::move(meta), r.include_usage);
-      return;
-    }
-    // cpp-httplib 0.11 offers no way to see a closed connection without
-    // writing, so a non-streaming request runs to its end (bounded by
-    // max_tokens); a streaming client that leaves is cancelled at once.
-    ch->wait_finished();
-    if (const auto& err = ch->error()) {
-      send_error(res, err->status, error_json(err->message, err->type, {}, err->code));
-      return;
-    }
-    res.set_content(dump_json(completion_json(meta, ch->result())), kJson);
-  }
-
-  void stream(httplib::Response& res, std::shared_ptr<Channel> ch, ResponseMeta meta,
-              bool include_usage) {
-    auto st = std::make_shared<StreamState>();
-    st->channel = std::move(ch);
-    st->meta = std::move(meta);
-    st->include_usage = include_usage;
-    res.set_header("Cache-Control", "no-cache");
-    res.set_header("X-Accel-Buffering", "no");
-    n_open_streams.fetch_add(1);
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, st](size_t, httplib::DataSink& sink) { return stream_step(*st, sink); },
-        [this, st](bool) {
-          // Runs when the response is destroyed, however it ended: a stream
-          // cut short (write failure, server stop) cancels its request.
-          if (!st->channel->finished()) scheduler.cancel(*st->channel);
-          n_open_streams.fetch_sub(1);
-        });
-  }
-
-  // One call of the content provider: waits up to one heartbeat for text,
-  // writes it as a chunk (or a keep-alive comment, which also reveals a
-  // client that went away), and closes the stream when the request ends.
-  bool stream_step(StreamState& st, httplib::DataSink& sink) {
-    Channel& ch = *st.channel;
-    const Channel::Update u = ch.wait(std::chrono::milliseconds(options.heartbeat_ms));
-    std::string out;
-    if (!u.text.empty()) {
-      out += sse_event(stream_chunk_json(st.meta, u.text, st.first, std::nullopt, st.include_usage));
-      st.first = false;
-    }
-    if (u.finished) {
-      if (const auto& err = ch.error()) {
-        out += sse_event(error_json(err->message, err->type, {}, err->code));
-      } else {
-        const GenerationResult& r = ch.result();
-        json last = stream_chunk_json(st.meta, "", st.first,
-                                      openai_finish_reason(r.finish_reason), st.include_usage);
-        last["kvtier"] = kvtier_json(r);
-        out += sse_event(last);
-        if (st.include_usage) out += sse_event(usage_chunk_json(st.meta, r));
+  // vLLM's /tokenize: {"prompt": str, "add_special_tokens": bool} or
+  // {"messages": [...]} → {"count", "max_model_len", "tokens"}.
+  Reply tokenize(const std::string& body) {
+    const json j = parse_object(body);
+    std::vector<int32_t> ids;
+    if (j.contains("messages")) {
+      json chat = {{"messages", j["messages"]}};
+      const ApiRequest r = parse_request(dump_json(chat), Endpoint::chat);
+      ids = engine.tokenize(engine.chat_prompt(r.messages), true);
+    } else {
+      auto p = j.find("prompt");
+      if (p == j.end() || !p->is_string()) throw RequestError(400, "'prompt' (a string) or 'messages' is required", "prompt");
+      bool add_special = true;
+      if (auto a = j.find("add_special_tokens"); a != j.end() && !a->is_null()) {
+        if (!a->is_boolean()) throw RequestError(400, "'add_special_tokens' must be a boolean", "add_special_tokens");
+        add_special = a->get<bool>();
       }
-      out += sse_done();
-      if (!sink.write(out.data(), out.size())) return false;
-      sink.done();
-      return true;
+      ids = engine.tokenize(p->get<std::string>(), add_special);
     }
-    if (out.empty()) out = sse_comment("keep-alive");
-    if (!sink.write(out.data(), out.size())) {
-      scheduler.cancel(ch);
-      return false;
+    json out = {{"count", ids.size()}, {"max_model_len", limits.n_ctx}, {"tokens", ids}};
+    if (auto t = j.find("return_token_strs"); t != j.end() && t->is_boolean() && t->get<bool>()) {
+      json strs = json::array();
+      for (int32_t id : ids) strs.push_back(engine.tokenizer().token_to_piece(id));
+      out["token_strs"] = strs;
     }
-    return true;
+    return json_reply(200, out);
+  }
+
+  // vLLM's /detokenize: {"tokens": [ids]} → {"prompt": text}.
+  Reply detokenize(const std::string& body) {
+    const json j = parse_object(body);
+    auto t = j.find("tokens");
+    if (t == j.end() || !t->is_array()) throw RequestError(400, "'tokens' (an array of token ids) is required", "tokens");
+    const int32_t n_vocab = engine.tokenizer().n_vocab();
+    std::vector<int32_t> ids;
+    for (size_t i = 0; i < t->size(); ++i) {
+      const json& v = (*t)[i];
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= n_vocab)
+        throw RequestError(400, fmt::format("tokens[{}] is not a token id in [0, {})", i, n_vocab), "tokens");
+      ids.push_back(int32_t(v.get<int64_t>()));
+    }
+    return json_reply(200, json{{"prompt", engine.tokenizer().decode(ids)}});
+  }
+
+  // vLLM's /tokenizer_info (what lm-evaluation-harness reads to use the
+  // server's tokenizer remotely).
+  Reply tokenizer_info() {
+    const Tokenizer& t = engine.tokenizer();
+    auto piece = [&](int32_t id) { return id >= 0 ? json(t.token_to_piece(id)) : json(nullptr); };
+    json j = {{"tokenizer_class", "kvtier-bpe"},
+              {"model_max_length", limits.n_ctx},
+              {"vocab_size", t.n_vocab()},
+              {"bos_token", piece(t.bos_id())},
+              {"eos_token", piece(t.eos_id())},
+              {"pad_token", nullptr},
+              {"add_bos_token", t.add_bos_default()}};
+    return json_reply(200, j);
+  }
+
+  void generate(const std::shared_ptr<Connection>& c, Request& req, Endpoint ep) {
+    net::post(work, [this, c, ep, body = std::move(req.body())] {
+      // Parsing and tokenizing here, off the I/O threads; the scheduler's
+      // worker does every engine call.
+      ApiRequest r;
+      Job job;
+      std::shared_ptr<Channel> ch;
+      CallRequest cr;
+      try {
+        r = parse_request(body, ep);
+        job = build_job(r, engine, limits);
+        cr.meta = ResponseMeta{ep, new_id(ep), unix_now(), model_id};
+        cr.stream = r.stream;
+        cr.include_usage = r.include_usage;
+        cr.logprobs = r.logprobs;
+        cr.echo = r.echo;
+        cr.max_tokens = job.sampling.max_new_tokens;
+        if (r.echo) {
+          cr.prompt = job.prompt;
+          cr.echo_text = r.prompt_text ? *r.prompt_text : engine.tokenizer().decode(job.prompt);
+        }
+        ch = scheduler.submit(std::move(job));
+      } catch (const RequestError& e) {
+        c->post([c, rep = error_reply(e)]() mutable { c->reply(std::move(rep)); });
+        return;
+      } catch (const Error& e) {
+        // Tokenizer or chat-template refusals of this input.
+        c->post([c, rep = json_reply(400, error_json(e.what()))]() mutable { c->reply(std::move(rep)); });
+        return;
+      }
+      c->post([this, c, ch, cr = std::move(cr)]() mutable {
+        std::make_shared<CompletionCall>(call_ctx, c, ch, std::move(cr))->start();
+      });
+    });
+  }
+
+  void accept() {
+    Strand strand = net::make_strand(ioc);
+    acceptor.async_accept(strand, [this, strand](boost::system::error_code ec, tcp::socket socket) {
+      if (ec) {
+        if (ec == net::error::operation_aborted || !acceptor.is_open()) return;
+        // Out of descriptors and the like: wait a little rather than spin.
+        auto t = std::make_shared<net::steady_timer>(ioc, std::chrono::milliseconds(50));
+        t->async_wait([this, t](boost::system::error_code) { accept(); });
+        return;
+      }
+      if (conn_ctx->n_open.load() >= options.max_connections) {
+        boost::system::error_code ignore;
+        socket.close(ignore);  // over the limit: closed at once
+      } else {
+        std::make_shared<Connection>(strand, std::move(socket), conn_ctx)->start();
+      }
+      accept();
+    });
   }
 };
 
 HttpServer::HttpServer(Engine& engine, const ServerOptions& options)
     : impl_(std::make_unique<Impl>(engine, options)) {}
 
-HttpServer::~HttpServer() { shutdown(); }
+HttpServer::~HttpServer() {
+  shutdown();
+  impl_->work.join();
+}
 
 int HttpServer::bind() {
-  const ServerOptions& o = impl_->options;
-  int port = o.port;
-  if (port == 0) {
-    port = impl_->http.bind_to_any_port(o.host);
-    KVT_CHECK(port > 0, "server: cannot bind {} to any port", o.host);
-  } else {
-    KVT_CHECK(port > 0 && port < 65536, "server: port {} is not in 1..65535", port);
-    KVT_CHECK(impl_->http.bind_to_port(o.host, port),
-              "server: cannot bind {}:{} (in use, or not an address of this machine?)", o.host,
-              port);
-  }
-  return port;
+  Impl& m = *impl_;
+  const ServerOptions& o = m.options;
+  KVT_CHECK(o.port >= 0 && o.port < 65536, "server: port {} is not in 0..65535", o.port);
+  boost::system::error_code ec;
+  const auto address = net::ip::make_address(o.host, ec);
+  KVT_CHECK(!ec, "server: '{}' is not an IP address ({})", o.host, ec.message());
+  const tcp::endpoint ep(address, static_cast<unsigned short>(o.port));
+  m.acceptor.open(ep.protocol(), ec);
+  KVT_CHECK(!ec, "server: cannot open a socket for {} ({})", o.host, ec.message());
+  m.acceptor.set_option(net::socket_base::reuse_address(true), ec);
+  m.acceptor.bind(ep, ec);
+  KVT_CHECK(!ec, "server: cannot bind {}:{} ({}; in use, or not an address of this machine?)", o.host, o.port,
+            ec.message());
+  m.acceptor.listen(net::socket_base::max_listen_connections, ec);
+  KVT_CHECK(!ec, "server: cannot listen on {}:{} ({})", o.host, o.port, ec.message());
+  return m.acceptor.local_endpoint().port();
 }
 
 void HttpServer::run() {
-  impl_->running = true;
-  if (!impl_->stopping) impl_->http.listen_after_bind();
-  impl_->running = false;
+  Impl& m = *impl_;
+  m.running = true;
+  if (!m.stopping) {
+    m.accept();
+    std::vector<std::thread> extra;
+    for (int i = 1; i < m.options.io_threads; ++i) extra.emplace_back([&m] { m.ioc.run(); });
+    m.ioc.run();
+    for (auto& t : extra) t.join();
+  }
+  m.running = false;
 }
 
 void HttpServer::shutdown() {
-  if (impl_->stopping.exchange(true)) return;
-  const auto grace = std::chrono::milliseconds(int64_t(impl_->options.shutdown_grace_seconds * 1000));
-  impl_->scheduler.drain(grace);
-  // Every request has ended; let the streams write their last events before
-  // the listener stops (httplib stops calling providers once it is stopping).
-  for (int i = 0; i < 200 && impl_->n_open_streams.load() > 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  // stop() only acts once the listen loop runs; wait for it briefly.
-  for (int i = 0; i < 200 && impl_->running && !impl_->http.is_running(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  impl_->http.stop();
+  Impl& m = *impl_;
+  if (m.stopping.exchange(true)) return;
+  // No new connections; requests on open ones get 503 from the scheduler.
+  net::post(m.ioc, [&m] {
+    boost::system::error_code ignore;
+    m.acceptor.close(ignore);
+  });
+  m.scheduler.drain(std::chrono::milliseconds(int64_t(m.options.shutdown_grace_seconds * 1000)));
+  // Every request has ended; let the calls write their last bytes.
+  for (int i = 0; i < 200 && m.n_open_calls.load() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  m.guard.reset();
+  m.ioc.stop();
 }
 
 }  // namespace kvtier::server

@@ -1,8 +1,10 @@
-// The OpenAI-compatible HTTP front end (cpp-httplib): GET /health,
-// GET /v1/models, POST /v1/completions, POST /v1/chat/completions (JSON or
-// server-sent events). Requests go through api_request → job_builder →
-// scheduler; httplib's own thread pool runs the handlers, which only wait on
-// their Channel, so every engine call stays on the scheduler's worker.
+// The OpenAI-compatible HTTP front end (Boost.Beast on Asio, event-driven:
+// http_connection.h): GET /health, GET /metrics (Prometheus), GET /v1/models,
+// POST /v1/completions, POST /v1/chat/completions (JSON or server-sent
+// events), POST /tokenize, POST /detokenize, GET /tokenizer_info. Requests go
+// through api_request → job_builder → scheduler; a few I/O threads serve
+// every connection and a small pool parses and tokenizes, so every engine
+// call stays on the scheduler's worker and no client can hold a thread.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -25,6 +27,11 @@ struct ServerOptions {
   size_t max_body_bytes = 8u << 20;  // larger bodies → 413
   double shutdown_grace_seconds = 10;  // active requests may finish for this long
   int heartbeat_ms = 250;  // SSE keep-alive comment period while no token is ready
+  std::string api_key;     // non-empty: the API needs "Authorization: Bearer <key>" (401 otherwise)
+  double header_timeout_seconds = 10;   // a request header must arrive whole within this
+  double request_timeout_seconds = 0;   // a request not finished after this is cancelled (0: none)
+  int max_connections = 4096;           // open connections; more are closed at once
+  int io_threads = 2;                   // threads serving connections
 };
 
 class HttpServer {

@@ -117,10 +117,20 @@ Job build_job(const ApiRequest& r, const Engine& engine, const ServerLimits& lim
   s.max_new_tokens = int(max_new);
   s.stop = r.stop;
   s.ignore_eos = r.ignore_eos;
+  s.n_logprobs = r.logprobs;
+  // echo with logprobs scores the prompt too (evaluation harnesses' log-likelihoods).
+  s.n_prompt_logprobs = r.echo && r.logprobs >= 0 ? r.logprobs : -1;
 
   try {
-    job.host_kv_bytes =
-        kv_footprint(policy, geometry_of(engine.config()), n_prompt + max_new).host_bytes;
+    check_policy_fits_context(policy, limits.n_ctx);
+  } catch (const Error& e) {
+    throw RequestError(400, fmt::format("invalid kv_policy '{}': {}", job.kv_policy, e.what()),
+                       "kv_policy");
+  }
+  try {
+    // Charged to --host-kv-budget: on the CPU device the GPU tier is host memory too.
+    job.host_kv_bytes = kv_charge_bytes(policy, geometry_of(engine.config()), n_prompt + max_new,
+                                        engine.options().device == "cpu");
   } catch (const Error& e) {
     throw RequestError(400, fmt::format("kv_policy '{}' does not fit this model: {}",
                                         job.kv_policy, e.what()),

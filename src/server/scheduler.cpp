@@ -12,11 +12,34 @@ namespace kvtier::server {
 
 Channel::Update Channel::wait(std::chrono::milliseconds timeout) {
   std::unique_lock lk(mu_);
-  cv_.wait_for(lk, timeout, [&] { return !pending_.empty() || finished_; });
+  cv_.wait_for(lk, timeout, [&] { return !pending_.empty() || !pending_logprobs_.empty() || finished_; });
   Update u;
   u.text.swap(pending_);
+  u.logprobs.swap(pending_logprobs_);
   u.finished = finished_;
   return u;
+}
+
+Channel::Update Channel::take() { return wait(std::chrono::milliseconds(0)); }
+
+void Channel::set_listener(std::function<void()> listener) {
+  std::lock_guard lk(mu_);
+  listener_ = std::move(listener);
+}
+
+void Channel::notify() {
+  cv_.notify_all();
+  std::function<void()> l;
+  {
+    std::lock_guard lk(mu_);
+    l = listener_;
+  }
+  if (l) l();
+}
+
+Channel::Timing Channel::timing() const {
+  std::lock_guard lk(mu_);
+  return timing_;
 }
 
 void Channel::wait_finished() {
@@ -34,13 +57,15 @@ std::vector<uint64_t> Channel::step_rounds() const {
   return rounds_;
 }
 
-void Channel::push(const std::string& piece, uint64_t round) {
+void Channel::push(const std::string& piece, uint64_t round, std::vector<TokenLogprob> logprobs) {
   {
     std::lock_guard lk(mu_);
     pending_ += piece;
     rounds_.push_back(round);
+    timing_.steps.push_back(Clock::now());
+    for (auto& lp : logprobs) pending_logprobs_.push_back(std::move(lp));
   }
-  cv_.notify_all();
+  notify();
 }
 
 void Channel::finish(GenerationResult r) {
@@ -49,7 +74,7 @@ void Channel::finish(GenerationResult r) {
     result_ = std::move(r);
     finished_ = true;
   }
-  cv_.notify_all();
+  notify();
 }
 
 void Channel::fail(JobError e) {
@@ -58,7 +83,7 @@ void Channel::fail(JobError e) {
     error_ = std::move(e);
     finished_ = true;
   }
-  cv_.notify_all();
+  notify();
 }
 
 // ---- Scheduler -------------------------------------------------------------
@@ -89,6 +114,7 @@ std::shared_ptr<Channel> Scheduler::submit(Job job) {
   }
   auto ch = std::make_shared<Channel>();
   ch->job_ = std::move(job);
+  ch->timing_.submitted = Channel::Clock::now();
   {
     std::lock_guard lk(mu_);
     if (!stats_.accepting) {
@@ -188,6 +214,10 @@ void Scheduler::admit(std::vector<Active>& active) {
       stats_.host_kv_reserved_bytes += need;
       stats_.n_active = int(active.size()) + 1;
     }
+    {
+      std::lock_guard lk(ch->mu_);
+      ch->timing_.admitted = Channel::Clock::now();
+    }
     Job& job = ch->job_;
     std::optional<JobError> err;
     std::unique_ptr<Sequence> seq;
@@ -257,8 +287,11 @@ void Scheduler::step_round(std::vector<Active>& active) {
       std::string piece;
       const size_t n_before = a.sequence->result().tokens.size();
       const bool stepped = a.sequence->step(&piece);
-      n_new_tokens += a.sequence->result().tokens.size() - n_before;
-      if (stepped) a.channel->push(piece, round);
+      const GenerationResult& res = a.sequence->result();
+      n_new_tokens += res.tokens.size() - n_before;
+      std::vector<TokenLogprob> lps;
+      for (size_t& k = a.channel->n_logprobs_pushed_; k < res.logprobs.size(); ++k) lps.push_back(res.logprobs[k]);
+      if (stepped) a.channel->push(piece, round, std::move(lps));
       if (!stepped || a.sequence->finished()) finish_active(a, false);
     } catch (const std::exception& e) {
       a.sequence.reset();

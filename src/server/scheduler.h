@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -46,10 +47,17 @@ class Channel {
  public:
   struct Update {
     std::string text;       // text produced since the last wait
+    std::vector<TokenLogprob> logprobs;  // of the tokens decoded since (when asked for)
     bool finished = false;  // result() or error() is now final
   };
   // Waits until new text arrives, the request ends, or `timeout` passes.
   Update wait(std::chrono::milliseconds timeout);
+  // What has arrived since the last take/wait, without waiting.
+  Update take();
+  // Called (on the worker thread, no lock held) after every push, finish or
+  // fail: an event-driven front end wakes its connection with it. Set it
+  // before the request can make progress (right after submit).
+  void set_listener(std::function<void()> listener);
   // Waits for the end, collecting nothing (non-streaming requests).
   void wait_finished();
 
@@ -63,9 +71,20 @@ class Channel {
   // prompt prefill); equal-length active requests step in the same rounds.
   std::vector<uint64_t> step_rounds() const;
 
+  // Timing for metrics (steady clock): when the request was submitted, when
+  // a slot took it (unset while queued), when each step produced its token.
+  using Clock = std::chrono::steady_clock;
+  struct Timing {
+    Clock::time_point submitted;
+    std::optional<Clock::time_point> admitted;
+    std::vector<Clock::time_point> steps;
+  };
+  Timing timing() const;
+
  private:
   friend class Scheduler;
-  void push(const std::string& piece, uint64_t round);
+  void push(const std::string& piece, uint64_t round, std::vector<TokenLogprob> logprobs = {});
+  void notify();
   void finish(GenerationResult r);
   void fail(JobError e);
 
@@ -77,6 +96,10 @@ class Channel {
   GenerationResult result_;
   std::optional<JobError> error_;
   std::vector<uint64_t> rounds_;
+  std::vector<TokenLogprob> pending_logprobs_;
+  size_t n_logprobs_pushed_ = 0;  // worker only
+  Timing timing_;
+  std::function<void()> listener_;
   Job job_;  // handed to the worker at admission
 };
 

@@ -3,7 +3,8 @@
 (invalid UTF-8, deep nesting, huge numbers, wrong types, truncations, byte
 flips, raw protocol garbage) on 127.0.0.1. The server must answer every one
 with a well-formed HTTP response — 200 for the few that happen to be valid,
-4xx (or 503 when busy) otherwise, never 5xx other than 503 — and stay healthy.
+4xx (or 503 when busy) otherwise, never 5xx — and stay healthy. run_policies() does the same with hostile
+KV policy strings.
 
 Standalone: fuzz_requests.py --base-url http://127.0.0.1:PORT [-n 3000] [--seed 1]
 (the server should run with a small --max-new-tokens, e.g. 64, to bound the
@@ -161,6 +162,65 @@ def bodies(n, seed):
     return out[:n]
 
 
+POLICY_KEYS = ["index", "chunk", "lm", "meta", "res", "m", "rank", "kv", "keys_prerope", "budget", "min_budget",
+               "sink", "local", "outliers", "gqa", "zz", ""]
+POLICY_VALUES = ["0", "1", "-1", "7", "64", "4096", "65536", "100000", "1000000000", "2147483647",
+                 "99999999999999999999", "1e9", "1e308", "nan", "inf", "-0", "0.5", "1.5", "0x10", " 5", "5 ",
+                 "", "=", ",", "higgs0.5:g1048576", "higgs2:g0", "int8:g1", "int1:g999999999", "nvfp4", "fp8s",
+                 "higgs:EDEN99-1:g128", "residual", "residual:meta=higgs4", "full", "100%", "0%", "\u0000",
+                 "💥", "none", "exact", "shadowkv", "mean", "true"]
+
+
+def hostile_policies(n, seed):
+    """Policy strings an attacker would try: every knob at its extremes, in
+    random combinations (memory-sizing knobs above the context, overflowing
+    numbers, broken syntax)."""
+    rng = random.Random(seed)
+    out = ["yakv,local=1000000000", "yakv,local=100000", "yakv,sink=1073741824", "landmarks,chunk=1048576",
+           "shadowkv,outliers=1073741824", "yakv,min_budget=1073741824", "oracle,budget=1e12",
+           "yakv,lm=residual,m=65536", "shadowkv,rank=full", "yakv" + ",local=1" * 50, "," * 1000,
+           "yakv," + "x" * 10000, "yakv,budget=0.9999999999", "full,kv=f32"]
+    while len(out) < n:
+        preset = rng.choice(["full", "shadowkv", "yakv", "oracle", "landmarks", "", "YAKV", "yakv "])
+        items = [preset]
+        for _ in range(rng.randint(1, 5)):
+            items.append(f"{rng.choice(POLICY_KEYS)}={rng.choice(POLICY_VALUES)}")
+        out.append(",".join(items))
+    return out[:n]
+
+
+def rss_kib(pid, field="VmRSS"):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field} for pid {pid}")
+
+
+def run_policies(base_url, n=250, seed=1, log=print):
+    """Sends n hostile policy strings (chat and completions, short prompts,
+    max_tokens 2); returns (status counts, failures)."""
+    port = urllib.parse.urlparse(base_url).port
+    counts, failures = {}, []
+    for i, policy in enumerate(hostile_policies(n, seed)):
+        path, base = VALID[i % 2 * 3]
+        body = json.dumps({**base, "kv_policy": policy, "max_tokens": 2, "stream": False}).encode()
+        try:
+            status, _, data = send(port, path, body)
+        except Exception as e:  # noqa: BLE001
+            failures.append(f"policy #{i} {policy[:80]!r}: {type(e).__name__}: {e}")
+            continue
+        counts[status] = counts.get(status, 0) + 1
+        if status >= 500:
+            failures.append(f"policy #{i} {policy[:80]!r}: HTTP {status} {data[:200]!r}")
+        elif status != 200:
+            err = json.loads(data)["error"]
+            if status == 400 and err.get("param") != "kv_policy":
+                failures.append(f"policy #{i} {policy[:80]!r}: 400 not naming kv_policy: {err}")
+    log(f"policies: {sum(counts.values())} hostile policy strings; statuses {dict(sorted(counts.items()))}")
+    return counts, failures
+
+
 def run(base_url, n=3000, seed=1, time_limit=600.0, log=print):
     port = urllib.parse.urlparse(base_url).port
     counts = {}
@@ -176,7 +236,7 @@ def run(base_url, n=3000, seed=1, time_limit=600.0, log=print):
             failures.append(f"#{i} {path} {body[:120]!r}: {type(e).__name__}: {e}")
             continue
         counts[status] = counts.get(status, 0) + 1
-        if status >= 500 and status != 503:
+        if status >= 500:
             failures.append(f"#{i} {path} {body[:120]!r}: HTTP {status} {data[:200]!r}")
         elif status >= 400:
             try:

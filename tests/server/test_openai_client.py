@@ -195,7 +195,7 @@ def test_errors_have_openai_shape(server):
         dict(prompt="x", max_tokens=100000),
         dict(prompt="x", temperature="hot"),
         dict(prompt=["a", "b"]),
-        dict(prompt="x", logprobs=3),
+        dict(prompt="x", logprobs=30),
     ]
     for kw in cases:
         with pytest.raises(openai.BadRequestError) as e:
@@ -257,7 +257,7 @@ def test_client_disconnect_cancels_and_frees_kv(server):
 
 def test_limits_answer_4xx_and_503(make_server):
     s = make_server("--max-active", 1, "--max-queue", 1, "--max-prompt-tokens", 32,
-                    "--max-new-tokens", 64, "--host-kv-budget", 2_000_000, "--kv", "yakv")
+                    "--max-new-tokens", 64, "--host-kv-budget", 8_000_000, "--kv", "yakv")
     c = client_for(s)
     m = model_id(s)
     with pytest.raises(openai.BadRequestError) as e:
@@ -269,7 +269,8 @@ def test_limits_answer_4xx_and_503(make_server):
     # Occupy the only slot, fill the queue of one, and the next request gets 503.
     conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
     conn.request("POST", "/v1/completions", body=json.dumps(
-        {"prompt": "Go on:", "max_tokens": 64, "stream": True, "ignore_eos": True}))
+        {"prompt": "Go on:", "max_tokens": 64, "stream": True, "ignore_eos": True}),
+        headers={"Content-Type": "application/json"})
     resp = conn.getresponse()
     read_events(resp, 1)
     with cf.ThreadPoolExecutor(1) as ex:
@@ -293,7 +294,8 @@ def test_sigterm_finishes_active_requests_and_exits_0(make_server):
     s = make_server("--max-active", 2, "--shutdown-grace", 20)
     conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
     conn.request("POST", "/v1/completions", body=json.dumps(
-        {"prompt": "Count:", "max_tokens": 24, "stream": True, "ignore_eos": True}))
+        {"prompt": "Count:", "max_tokens": 24, "stream": True, "ignore_eos": True}),
+        headers={"Content-Type": "application/json"})
     resp = conn.getresponse()
     read_events(resp, 1)
     s.proc.send_signal(signal.SIGTERM)

@@ -44,7 +44,7 @@ std::map<std::string, std::string> read_stored_zip(const std::string& path) {
   return files;
 }
 
-std::string grid_dir() { return std::string(KVT_SOURCE_DIR) + "/../shared/data/higgs_grids"; }
+std::string grid_dir() { return std::string(KVT_SOURCE_DIR) + "/data/higgs_grids"; }
 
 TEST(HiggsGrid, EmbeddedGridsEqualShippedFiles) {
   if (!std::filesystem::exists(grid_dir())) GTEST_SKIP() << "no " << grid_dir();

@@ -1,0 +1,100 @@
+// Policy knobs that size memory are bounded by the context when a sequence
+// starts, and what a sequence may hold is charged to the host KV budget (on
+// the CPU device the GPU tier, windows included, is host memory too).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "kv/policy.h"
+#include "kvtier/engine.h"
+#include "model/model.h"
+
+namespace kvtier {
+namespace {
+
+const std::string kModel = std::string(KVT_SOURCE_DIR) + "/tests/fixtures/hf_tiny_qwen2";
+
+std::unique_ptr<Engine> tiny_engine(int64_t ctx, int64_t budget = 0) {
+  EngineOptions o;
+  o.model_path = kModel;
+  o.n_threads = 1;
+  o.max_context = ctx;
+  o.host_kv_budget_bytes = budget;
+  return Engine::load(o);
+}
+
+SamplingParams few_tokens(int n) {
+  SamplingParams s;
+  s.max_new_tokens = n;
+  s.ignore_eos = true;
+  return s;
+}
+
+std::string limit_error(Engine& e, const std::string& policy) {
+  try {
+    e.start({1, 2, 3}, few_tokens(2), policy);
+  } catch (const LimitError& err) {
+    return err.what();
+  }
+  return "";
+}
+
+TEST(EngineLimits, KnobsAboveTheContextAreRefusedBeforeAllocating) {
+  auto e = tiny_engine(256);
+  // Before the bound, local=1000000000 allocated its ring up front (bad_alloc or GBs).
+  for (const std::string knob : {"local=1000000000", "local=257", "sink=300", "budget=1000",
+                                 "min_budget=100000", "chunk=512"}) {
+    const std::string policy = "landmarks," + knob;
+    const std::string err = limit_error(*e, policy);
+    const std::string key = knob.substr(0, knob.find('='));
+    EXPECT_NE(err.find(key + "="), std::string::npos) << policy << ": " << err;
+    EXPECT_NE(err.find("context of 256"), std::string::npos) << policy << ": " << err;
+  }
+  EXPECT_NE(limit_error(*e, "shadowkv,outliers=40,chunk=8,rank=4").find("outliers"), std::string::npos);
+}
+
+TEST(EngineLimits, KnobsWithinTheContextRun) {
+  auto e = tiny_engine(256);
+  for (const std::string policy : {"yakv,local=256", "landmarks,sink=256,local=200", "oracle,budget=256"}) {
+    const GenerationResult r = e->generate({1, 2, 3, 4}, few_tokens(3), policy);
+    EXPECT_EQ(r.tokens.size(), 3u) << policy;
+  }
+}
+
+TEST(EngineLimits, LargeLocalWindowHoldsOnlyTheTokensThatExist) {
+  auto e = tiny_engine(4096);
+  auto held = [&](const std::string& policy) {
+    auto seq = e->start({1, 2, 3, 4}, few_tokens(2), policy);
+    std::string piece;
+    while (seq->step(&piece)) {
+    }
+    return seq->result().kv_memory;
+  };
+  // 6 tokens exist: a window of 4096 holds what a window of 8 holds (both
+  // cover every token), not 4096 rows of K/V per layer.
+  const KvMemory big = held("yakv,local=4096"), small = held("yakv,local=8");
+  EXPECT_EQ(big.gpu_bytes, small.gpu_bytes);
+  EXPECT_EQ(big.host_bytes, small.host_bytes);
+  const KvGeometry g = e->model().kv_geometry();
+  const int64_t row = int64_t(g.n_kv_head) * g.head_dim * 2 /*bf16*/ * 2 /*K,V*/ * g.n_layer;
+  EXPECT_LT(big.gpu_bytes, 64 * row);
+}
+
+TEST(EngineLimits, HostBudgetIsChargedTheResidentWindowOnCpu) {
+  const KvGeometry g = tiny_engine(256)->model().kv_geometry();
+  const PolicyConfig p = parse_policy("yakv,local=256");
+  const int64_t n_ctx = 100;
+  const KvFootprint f = kv_footprint(p, g, n_ctx);
+  const int64_t charge = kv_charge_bytes(p, g, n_ctx, true);
+  // The window is counted for at most n_ctx tokens, plus the host tier and the index.
+  EXPECT_GT(charge, f.host_bytes);
+  EXPECT_EQ(kv_charge_bytes(p, g, n_ctx, false), f.host_bytes);
+  // A budget just under the charge refuses the request; one at the charge admits it.
+  auto tight = tiny_engine(256, charge - 1);
+  EXPECT_THROW(tight->start(std::vector<int32_t>(96, 5), few_tokens(4), "yakv,local=256"), LimitError);
+  auto enough = tiny_engine(256, charge);
+  EXPECT_NO_THROW(enough->start(std::vector<int32_t>(96, 5), few_tokens(4), "yakv,local=256"));
+}
+
+}  // namespace
+}  // namespace kvtier
