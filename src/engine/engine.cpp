@@ -5,11 +5,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
+#include <mutex>
 
 #include "core/threads.h"
 #include "engine/sampler.h"
 #include "gpu/gpu_model.h"
+#include "grammar/constraint.h"
 #include "model/model.h"
 
 namespace kvtier {
@@ -21,6 +24,8 @@ struct Engine::Impl {
   std::unique_ptr<Tokenizer> tokenizer;
   std::vector<int> extra_eos;
   int64_t max_context = 0;
+  std::once_flag grammar_once;
+  std::shared_ptr<GrammarVocab> grammar_vocab;
 };
 
 struct Sequence::State {
@@ -32,6 +37,8 @@ struct Sequence::State {
   ForwardScratch scratch;           // device "cpu"
   std::unique_ptr<GpuSequence> gpu;  // device "cuda"
   std::vector<float> logits;  // [n_vocab]
+  std::unique_ptr<TokenConstraint> constraint;  // structured generation, or null
+  std::vector<uint8_t> allowed;                 // [n_vocab] the constraint's mask
   int64_t n_past = 0;
   int32_t last_token = -1;
   bool prefilled = false;
@@ -76,6 +83,19 @@ KvMemory kv_memory(const Sequence::State& s) { return s.gpu ? s.gpu->memory(*s.k
 bool is_end_of_generation(const Engine::Impl& e, int32_t tok) {
   if (e.tokenizer && e.tokenizer->is_eog(tok)) return true;
   return std::find(e.extra_eos.begin(), e.extra_eos.end(), tok) != e.extra_eos.end();
+}
+
+// Structured generation: the logits of tokens the constraint forbids become
+// -inf, so greedy and sampled decoding alike pick an allowed token. False
+// when no token is allowed (the constraint is at a dead end).
+bool mask_logits(Sequence::State& s, int n_vocab) {
+  s.constraint->allowed(s.allowed);
+  bool any = false;
+  for (int t = 0; t < n_vocab; ++t) {
+    if (s.allowed[size_t(t)]) any = true;
+    else s.logits[size_t(t)] = -INFINITY;
+  }
+  return any;
 }
 
 }  // namespace
@@ -126,16 +146,18 @@ bool Sequence::step(std::string* piece) {
     forward(model, s.gpu.get(), s.scratch, &s.last_token, 1, s.n_past, *s.kv, 1, s.logits.data());
     s.n_past += 1;
   }
-  const int32_t tok = s.sampler->sample(s.logits.data(), n_vocab);
-  s.last_token = tok;
-
   auto finish = [&](const char* reason) {
     s.finished = true;
     s.result.finish_reason = reason;
   };
-  if (!s.sampling.ignore_eos && is_end_of_generation(*s.engine, tok)) {
+  const bool allowed = !s.constraint || mask_logits(s, n_vocab);
+  const int32_t tok = s.sampler->sample(s.logits.data(), n_vocab);
+  s.last_token = tok;
+  // A constrained value ends at an end token even with ignore_eos: nothing else may follow it.
+  if (!allowed || (is_end_of_generation(*s.engine, tok) && (!s.sampling.ignore_eos || s.constraint))) {
     finish("stop");
   } else {
+    if (s.constraint) s.constraint->accept(tok);
     s.result.tokens.push_back(tok);
     if (s.engine->tokenizer) s.text += s.engine->tokenizer->token_to_piece(tok);
     // Stop strings: search the region that the new bytes could complete.
@@ -149,6 +171,7 @@ bool Sequence::step(std::string* piece) {
         break;
       }
     }
+    if (!s.finished && s.constraint && s.constraint->must_end()) finish("stop");
     if (!s.finished && int64_t(s.result.tokens.size()) >= s.sampling.max_new_tokens) finish("length");
     if (!s.finished && s.n_past + 1 >= s.engine->max_context) finish("length");
   }
@@ -246,6 +269,14 @@ std::string Engine::chat_prompt(const std::vector<ChatMessage>& messages) const 
   return tokenizer().apply_chat_template(messages, true);
 }
 
+std::shared_ptr<GrammarVocab> Engine::grammar_vocab() const {
+  std::call_once(impl_->grammar_once, [&] {
+    std::vector<int32_t> ends(impl_->extra_eos.begin(), impl_->extra_eos.end());
+    impl_->grammar_vocab = GrammarVocab::build(tokenizer(), impl_->model->config().n_vocab, ends);
+  });
+  return impl_->grammar_vocab;
+}
+
 std::unique_ptr<Sequence> Engine::start(std::vector<int32_t> prompt, const SamplingParams& sampling,
                                         const std::string& kv_policy) {
   Impl& impl = *impl_;
@@ -271,6 +302,7 @@ std::unique_ptr<Sequence> Engine::start(std::vector<int32_t> prompt, const Sampl
   s->prompt = std::move(prompt);
   s->sampling = sampling;
   s->sampler = std::make_unique<Sampler>(sampling);
+  if (sampling.constraint) s->constraint = sampling.constraint->make();
   const int capacity = std::min<int>(impl.options.prefill_chunk, int(s->prompt.size()));
   // The GPU sizes its caches for the prompt and a first stretch of generation
   // (growing later if needed): a request's max_new_tokens is often far more
