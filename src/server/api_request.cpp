@@ -394,6 +394,13 @@ ApiRequest parse_request(std::string_view body, Endpoint endpoint) {
   refuse_unsupported(j, endpoint);
   parse_response_format(j, r);
   if (endpoint == Endpoint::chat) parse_tools(j, r);
+  if (r.response_format == "json_schema" || !r.tools.empty()) {
+    // Keep the client's key order: properties are generated in schema order,
+    // and chat templates print the tools as given.
+    const auto ordered = nlohmann::ordered_json::parse(body.begin(), body.end());
+    if (r.response_format == "json_schema") r.json_schema = ordered["response_format"]["json_schema"]["schema"].dump();
+    if (!r.tools.empty()) r.tools = ordered["tools"].dump();
+  }
 
   const json* mt = field(j, "max_tokens");
   const char* mt_name = "max_tokens";

@@ -162,6 +162,13 @@ TEST(ApiRequest, ResponseFormats) {
   EXPECT_EQ(r.response_format, "json_schema");
   EXPECT_EQ(r.json_schema_name, "p");
   EXPECT_EQ(nlohmann::json::parse(r.json_schema)["required"][0], "a");
+  // The schema keeps the client's key order (the order properties are generated in).
+  const ApiRequest o = parse_request(
+      chat(R"("response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object",
+           "properties": {"zeta": {"type": "integer"}, "alpha": {"type": "string"}}}}})"),
+      Endpoint::chat);
+  EXPECT_LT(o.json_schema.find("zeta"), o.json_schema.find("alpha")) << o.json_schema;
+  EXPECT_LT(o.json_schema.find("type"), o.json_schema.find("properties")) << o.json_schema;
   // Completions take response_format too.
   EXPECT_EQ(parse_request(R"({"prompt": "x", "response_format": {"type": "json_object"}})", Endpoint::completions)
                 .response_format,
@@ -190,6 +197,8 @@ TEST(ApiRequest, ToolsAndToolChoice) {
     return R"({"messages": [{"role": "user", "content": "x"}], )" + tools + (rest.empty() ? "" : ", " + rest) + "}";
   };
   EXPECT_EQ(parse_request(chat(""), Endpoint::chat).tool_choice, "auto");
+  const std::string t = parse_request(chat(""), Endpoint::chat).tools;
+  EXPECT_LT(t.find("\"type\""), t.find("\"function\"")) << "tools keep the client's key order: " << t;
   EXPECT_EQ(parse_request(chat(R"("tool_choice": "required")"), Endpoint::chat).tool_choice, "required");
   EXPECT_EQ(parse_request(chat(R"("tool_choice": {"type": "function", "function": {"name": "get_weather"}})"),
                           Endpoint::chat)
