@@ -22,3 +22,4 @@ fi
 # Pinned Python packages for the server tests (the product itself is C++).
 python3 -m pip install --quiet --disable-pip-version-check -r scripts/requirements-test.txt
 ./scripts/fetch_default_model.sh
+./scripts/fetch_xgrammar.sh

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "command.h"
+#include "grammar/constraint.h"
 #include "options.h"
 
 namespace kvtier::tools {
@@ -29,6 +30,8 @@ struct RunArgs {
   bool raw = false;
   bool interactive = false;
   bool quiet = false;
+  bool json = false;            // output constrained to a JSON object
+  std::string json_schema_file;  // output constrained to a value of this JSON Schema
 };
 
 std::string read_file(const std::string& path) {
@@ -93,7 +96,20 @@ void run(RunArgs& a) {
   KVT_CHECK(a.interactive || !a.prompt.empty() || !a.prompt_file.empty(),
             "give a prompt (-p TEXT or -f FILE) or use -i for an interactive chat");
   KVT_CHECK(a.prompt.empty() || a.prompt_file.empty(), "give -p or -f, not both");
+  KVT_CHECK(!a.json || a.json_schema_file.empty(), "give --json or --json-schema, not both");
   auto engine = load_engine(a.engine);
+  if (a.json) a.sampling.constraint = engine->grammar_vocab()->json_object();
+  if (!a.json_schema_file.empty()) {
+    std::ifstream in(a.json_schema_file, std::ios::binary);
+    KVT_CHECK(in.good(), "cannot read JSON Schema file {}", a.json_schema_file);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    try {
+      a.sampling.constraint = engine->grammar_vocab()->json_schema(ss.str(), a.json_schema_file);
+    } catch (const GrammarError& e) {
+      fail("{}: {}", a.json_schema_file, e.what());
+    }
+  }
   const bool chat = !a.raw && engine->tokenizer().chat_template() != ChatTemplate::none;
   std::vector<ChatMessage> history;
   if (!a.system.empty()) history.push_back({"system", a.system});
@@ -133,6 +149,9 @@ Registration reg(10, [](CLI::App& app) {
   cmd->add_flag("--raw", a->raw, "no chat template: feed the prompt as is");
   cmd->add_flag("-i,--interactive", a->interactive, "chat in the terminal, one line per turn");
   cmd->add_flag("-q,--quiet", a->quiet, "no timing line");
+  cmd->add_flag("--json", a->json, "constrain the output to a JSON object (grammar-constrained decoding)");
+  cmd->add_option("--json-schema", a->json_schema_file,
+                  "constrain the output to a value of the JSON Schema in FILE (see README: structured output)");
   cmd->callback([a] { run(*a); });
 });
 

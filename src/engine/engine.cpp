@@ -5,13 +5,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
+#include <mutex>
 
 #include "backend/stage_clock.h"
 #include "core/status.h"
 #include "core/threads.h"
 #include "engine/logprobs.h"
 #include "engine/sampler.h"
+#include "grammar/constraint.h"
 #include "kv/analysis.h"
 #include "kv/kv_cache.h"
 #include "kv/kv_plan.h"
@@ -30,6 +33,8 @@ struct Engine::Impl {
   std::unique_ptr<Tokenizer> tokenizer;
   std::vector<int> extra_eos;
   int64_t max_context = 0;
+  std::once_flag grammar_once;
+  std::shared_ptr<GrammarVocab> grammar_vocab;
 };
 
 struct Sequence::State {
@@ -41,6 +46,9 @@ struct Sequence::State {
   ForwardScratch scratch;           // device "cpu"
   std::unique_ptr<GpuSequence> gpu;  // device "cuda"
   std::vector<float> logits;  // [n_vocab]
+  std::vector<float> raw_logits;  // [n_vocab], before a constraint masks them (for logprobs)
+  std::unique_ptr<TokenConstraint> constraint;  // structured generation, or null
+  std::vector<uint8_t> allowed;                 // [n_vocab] the constraint's mask
   int64_t n_past = 0;
   int32_t last_token = -1;
   bool prefilled = false;
@@ -108,6 +116,19 @@ std::unique_ptr<KvCache> make_cache(const Engine::Impl& e, const std::string& po
 bool is_end_of_generation(const Engine::Impl& e, int32_t tok) {
   if (e.tokenizer && e.tokenizer->is_eog(tok)) return true;
   return std::find(e.extra_eos.begin(), e.extra_eos.end(), tok) != e.extra_eos.end();
+}
+
+// Structured generation: the logits of tokens the constraint forbids become
+// -inf, so greedy and sampled decoding alike pick an allowed token. False
+// when no token is allowed (the constraint is at a dead end).
+bool mask_logits(Sequence::State& s, int n_vocab) {
+  s.constraint->allowed(s.allowed);
+  bool any = false;
+  for (int t = 0; t < n_vocab; ++t) {
+    if (s.allowed[size_t(t)]) any = true;
+    else s.logits[size_t(t)] = -INFINITY;
+  }
+  return any;
 }
 
 }  // namespace
@@ -191,19 +212,24 @@ bool Sequence::step(std::string* piece) {
     forward(*s.engine, s.gpu.get(), s.scratch, &s.last_token, 1, s.n_past, *s.kv, 1, s.logits.data());
     s.n_past += 1;
   }
-  const int32_t tok = s.sampler->sample(s.logits.data(), n_vocab);
-  s.last_token = tok;
-
   auto finish = [&](const char* reason) {
     s.finished = true;
     s.result.finish_reason = reason;
   };
-  if (!s.sampling.ignore_eos && is_end_of_generation(*s.engine, tok)) {
+  // Log-probabilities are the raw logits' (as vLLM reports), not the masked ones.
+  if (s.constraint && s.sampling.n_logprobs >= 0) s.raw_logits = s.logits;
+  const bool allowed = !s.constraint || mask_logits(s, n_vocab);
+  const int32_t tok = s.sampler->sample(s.logits.data(), n_vocab);
+  s.last_token = tok;
+  // A constrained value ends at an end token even with ignore_eos: nothing else may follow it.
+  if (!allowed || (is_end_of_generation(*s.engine, tok) && (!s.sampling.ignore_eos || s.constraint))) {
     finish("stop");
   } else {
+    if (s.constraint) s.constraint->accept(tok);
     s.result.tokens.push_back(tok);
     if (s.sampling.n_logprobs >= 0)
-      s.result.logprobs.push_back(token_logprob(s.logits.data(), n_vocab, tok, s.sampling.n_logprobs));
+      s.result.logprobs.push_back(token_logprob((s.constraint ? s.raw_logits : s.logits).data(), n_vocab, tok,
+                                                s.sampling.n_logprobs));
     if (s.engine->tokenizer) s.text += s.engine->tokenizer->token_to_piece(tok);
     // Stop strings: search the region that the new bytes could complete.
     for (const auto& st : s.sampling.stop) {
@@ -216,6 +242,7 @@ bool Sequence::step(std::string* piece) {
         break;
       }
     }
+    if (!s.finished && s.constraint && s.constraint->must_end()) finish("stop");
     if (!s.finished && int64_t(s.result.tokens.size()) >= s.sampling.max_new_tokens) finish("length");
     if (!s.finished && s.n_past + 1 >= s.engine->max_context) finish("length");
   }
@@ -325,6 +352,14 @@ std::string Engine::chat_prompt(const std::vector<ChatMessage>& messages) const 
   return tokenizer().apply_chat_template(messages, true);
 }
 
+std::shared_ptr<GrammarVocab> Engine::grammar_vocab() const {
+  std::call_once(impl_->grammar_once, [&] {
+    std::vector<int32_t> ends(impl_->extra_eos.begin(), impl_->extra_eos.end());
+    impl_->grammar_vocab = GrammarVocab::build(tokenizer(), impl_->model->config().n_vocab, ends);
+  });
+  return impl_->grammar_vocab;
+}
+
 std::unique_ptr<Sequence> Engine::start(std::vector<int32_t> prompt, const SamplingParams& sampling,
                                         const std::string& kv_policy) {
   Impl& impl = *impl_;
@@ -356,6 +391,7 @@ std::unique_ptr<Sequence> Engine::start(std::vector<int32_t> prompt, const Sampl
   s->prompt = std::move(prompt);
   s->sampling = sampling;
   s->sampler = std::make_unique<Sampler>(sampling);
+  if (sampling.constraint) s->constraint = sampling.constraint->make();
   const int capacity = std::min<int>(impl.options.prefill_chunk, int(s->prompt.size()));
   // The GPU sizes its caches for the prompt and a first stretch of generation
   // (growing later if needed): a request's max_new_tokens is often far more

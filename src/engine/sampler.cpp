@@ -16,8 +16,12 @@ Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {}
 
 int32_t Sampler::sample(const float* logits, int n_vocab) {
   if (p_.temperature <= 0.0f || p_.top_k == 1) return argmax(logits, n_vocab);
-  cand_.resize(size_t(n_vocab));
-  for (int i = 0; i < n_vocab; ++i) cand_[size_t(i)] = {logits[i], i};
+  // Tokens at -inf (forbidden by a constraint) are never candidates, so that
+  // rounding in the draw below cannot land on one.
+  cand_.clear();
+  for (int i = 0; i < n_vocab; ++i)
+    if (logits[i] > -INFINITY) cand_.push_back({logits[i], i});
+  if (cand_.empty()) return argmax(logits, n_vocab);
   size_t n = cand_.size();
   auto by_logit = [](const auto& a, const auto& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);

@@ -6,6 +6,10 @@
 #include <cmath>
 #include <limits>
 
+#include "grammar/constraint.h"
+#include "grammar/json_schema.h"
+#include "grammar/tool_calls.h"
+
 namespace kvtier::server {
 
 using nlohmann::json;
@@ -160,6 +164,27 @@ std::string message_content(const json& content, const std::string& name) {
   return text;
 }
 
+// {"id", "type": "function", "function": {"name", "arguments": "<JSON object>"}}
+ToolCall parse_tool_call(const json& c, const std::string& name) {
+  if (!c.is_object()) bad(name, fmt::format("'{}' must be an object", name));
+  const json* f = field(c, "function");
+  if (!f || !f->is_object()) bad(name + ".function", fmt::format("'{}.function' must be an object", name));
+  ToolCall call;
+  if (const json* id = field(c, "id")) call.id = get_string(*id, name + ".id");
+  const json* fn = field(*f, "name");
+  if (!fn) bad(name + ".function.name", fmt::format("'{}.function.name' is required", name));
+  call.name = get_string(*fn, name + ".function.name");
+  call.arguments = "{}";
+  if (const json* a = field(*f, "arguments")) {
+    call.arguments = get_string(*a, name + ".function.arguments");
+    if (!json::accept(call.arguments) || !json::parse(call.arguments).is_object()) {
+      bad(name + ".function.arguments",
+          fmt::format("'{}.function.arguments' must be a JSON object, as text", name));
+    }
+  }
+  return call;
+}
+
 void parse_messages(const json& body, ApiRequest& r) {
   const json* m = field(body, "messages");
   if (!m) bad("messages", "'messages' is required");
@@ -177,22 +202,31 @@ void parse_messages(const json& body, ApiRequest& r) {
     if (!role) bad(name + ".role", fmt::format("'{}.role' is required", name));
     std::string rs = get_string(*role, name + ".role");
     if (rs == "developer") rs = "system";  // OpenAI's newer name for the system role
-    if (rs != "system" && rs != "user" && rs != "assistant") {
-      bad(name + ".role", fmt::format("'{}.role' is '{}'; expected system, developer, user or "
-                                      "assistant",
+    if (rs != "system" && rs != "user" && rs != "assistant" && rs != "tool") {
+      bad(name + ".role", fmt::format("'{}.role' is '{}'; expected system, developer, user, "
+                                      "assistant or tool",
                                       name, rs));
     }
     const json* content = field(msg, "content");
-    std::string text;
+    ChatMessage out;
     if (content) {
-      text = message_content(*content, name + ".content");
+      out.content = message_content(*content, name + ".content");
     } else if (rs != "assistant") {
       bad(name + ".content", fmt::format("'{}.content' is required", name));
     }
     if (const json* tc = field(msg, "tool_calls"); tc && !(tc->is_array() && tc->empty())) {
-      bad(name + ".tool_calls", "tool calls are not supported by this server");
+      if (rs != "assistant" || !tc->is_array()) {
+        bad(name + ".tool_calls", fmt::format("'{}.tool_calls' must be an array on an assistant message", name));
+      }
+      for (size_t k = 0; k < tc->size(); ++k) out.tool_calls.push_back(parse_tool_call((*tc)[k], fmt::format("{}.tool_calls[{}]", name, k)));
     }
-    r.messages.push_back({std::move(rs), std::move(text)});
+    if (rs == "tool") {
+      const json* id = field(msg, "tool_call_id");
+      if (!id) bad(name + ".tool_call_id", fmt::format("'{}.tool_call_id' is required on a tool message", name));
+      out.tool_call_id = get_string(*id, name + ".tool_call_id");
+    }
+    out.role = std::move(rs);
+    r.messages.push_back(std::move(out));
   }
 }
 
@@ -241,19 +275,12 @@ void refuse_unsupported(const json& body, Endpoint endpoint) {
     }
     if (!v->empty()) bad("logit_bias", "'logit_bias' is not supported by this server");
   }
-  for (const char* name : {"tools", "functions"}) {
-    if (const json* v = field(body, name); v && !(v->is_array() && v->empty())) {
-      bad(name, fmt::format("'{}' is not supported by this server", name));
-    }
+  if (const json* v = field(body, "functions"); v && !(v->is_array() && v->empty())) {
+    bad("functions", "'functions' (the legacy API) is not supported by this server: use 'tools'");
   }
-  if (const json* v = field(body, "response_format")) {
-    if (!v->is_object()) {
-      bad("response_format",
-          fmt::format("'response_format' must be an object, got {}", type_name(*v)));
-    }
-    const json* t = field(*v, "type");
-    if (t && get_string(*t, "response_format.type") != "text") {
-      bad("response_format.type", "only response_format {\"type\": \"text\"} is supported");
+  if (endpoint == Endpoint::completions) {
+    for (const char* name : {"tools", "tool_choice"}) {
+      if (field(body, name)) bad(name, fmt::format("'{}' is only for /v1/chat/completions", name));
     }
   }
   if (const json* v = field(body, "user")) get_string(*v, "user");
@@ -282,6 +309,81 @@ void parse_logprobs(const json& body, ApiRequest& r) {
   }
 }
 
+// response_format: {"type": "text" | "json_object"} or {"type": "json_schema",
+// "json_schema": {"name", "schema", "strict"?, "description"?}}.
+void parse_response_format(const json& body, ApiRequest& r) {
+  const json* v = field(body, "response_format");
+  if (!v) return;
+  if (!v->is_object()) {
+    bad("response_format", fmt::format("'response_format' must be an object, got {}", type_name(*v)));
+  }
+  const json* t = field(*v, "type");
+  if (!t) bad("response_format.type", "'response_format.type' is required");
+  const std::string& type = get_string(*t, "response_format.type");
+  if (type != "text" && type != "json_object" && type != "json_schema") {
+    bad("response_format.type",
+        fmt::format("'response_format.type' is '{}'; expected text, json_object or json_schema", type));
+  }
+  r.response_format = type;
+  if (type != "json_schema") return;
+  const json* js = field(*v, "json_schema");
+  if (!js || !js->is_object()) {
+    bad("response_format.json_schema", "'response_format.json_schema' must be an object with a 'schema'");
+  }
+  if (const json* n = field(*js, "name")) r.json_schema_name = get_string(*n, "response_format.json_schema.name");
+  if (const json* s = field(*js, "strict")) get_bool(*s, "response_format.json_schema.strict");
+  const json* schema = field(*js, "schema");
+  if (!schema) bad("response_format.json_schema.schema", "'response_format.json_schema.schema' is required");
+  try {
+    check_json_schema(*schema, "response_format.json_schema.schema");
+  } catch (const GrammarError& e) {
+    bad("response_format.json_schema.schema", e.what());
+  }
+  r.json_schema = schema->dump();
+}
+
+// tools and tool_choice (chat).
+void parse_tools(const json& body, ApiRequest& r) {
+  const json* tools = field(body, "tools");
+  if (tools && tools->is_array() && tools->empty()) tools = nullptr;
+  std::vector<ToolSpec> specs;
+  if (tools) {
+    try {
+      specs = parse_tool_specs(tools->dump());
+    } catch (const GrammarError& e) {
+      bad("tools", e.what());
+    }
+    r.tools = tools->dump();
+    r.tool_choice = "auto";
+  }
+  const json* tc = field(body, "tool_choice");
+  if (!tc) return;
+  std::string choice;
+  if (tc->is_string()) {
+    choice = tc->get<std::string>();
+    if (choice != "none" && choice != "auto" && choice != "required") {
+      bad("tool_choice", fmt::format("'tool_choice' is '{}'; expected none, auto, required or "
+                                     "{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}",
+                                     choice));
+    }
+  } else if (tc->is_object()) {
+    const json* f = field(*tc, "function");
+    const json* n = f && f->is_object() ? field(*f, "name") : nullptr;
+    if (!n) bad("tool_choice.function.name", "'tool_choice.function.name' is required");
+    choice = get_string(*n, "tool_choice.function.name");
+    bool known = false;
+    for (const ToolSpec& s : specs) known = known || s.name == choice;
+    if (!known) bad("tool_choice.function.name", fmt::format("no tool named '{}' in 'tools'", choice));
+  } else {
+    bad("tool_choice", fmt::format("'tool_choice' must be a string or an object, got {}", type_name(*tc)));
+  }
+  if (!tools && choice != "none") bad("tool_choice", fmt::format("'tool_choice' is '{}' but there are no 'tools'", choice));
+  if (choice != "none" && choice != "auto" && r.response_format != "text") {
+    bad("tool_choice", "a forced tool call and a response_format other than text cannot both constrain the output");
+  }
+  r.tool_choice = choice;
+}
+
 }  // namespace
 
 ApiRequest parse_request(std::string_view body, Endpoint endpoint) {
@@ -305,6 +407,15 @@ ApiRequest parse_request(std::string_view body, Endpoint endpoint) {
   }
   refuse_unsupported(j, endpoint);
   parse_logprobs(j, r);
+  parse_response_format(j, r);
+  if (endpoint == Endpoint::chat) parse_tools(j, r);
+  if (r.response_format == "json_schema" || !r.tools.empty()) {
+    // Keep the client's key order: properties are generated in schema order,
+    // and chat templates print the tools as given.
+    const auto ordered = nlohmann::ordered_json::parse(body.begin(), body.end());
+    if (r.response_format == "json_schema") r.json_schema = ordered["response_format"]["json_schema"]["schema"].dump();
+    if (!r.tools.empty()) r.tools = ordered["tools"].dump();
+  }
 
   const json* mt = field(j, "max_tokens");
   const char* mt_name = "max_tokens";

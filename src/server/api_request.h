@@ -61,6 +61,20 @@ struct ApiRequest {
   // token (completions: "logprobs": N; chat: "logprobs": true + "top_logprobs": N).
   int logprobs = -1;
   bool echo = false;  // completions: the prompt is repeated before the answer (with logprobs: scored)
+
+  // Structured output (src/grammar). response_format.type: "text",
+  // "json_object" or "json_schema"; for the last, json_schema holds the
+  // schema (checked against the supported subset) as JSON text.
+  std::string response_format = "text";
+  std::string json_schema;
+  std::string json_schema_name;
+  // chat: the checked `tools` array as JSON text ("" for none), and
+  // tool_choice: "none", "auto", "required", or the name of one function
+  // ({"type": "function", "function": {"name": ...}}). Defaults as OpenAI's:
+  // "auto" with tools, "none" without. Whether the model's chat template
+  // supports tools is for the job builder to check (Tokenizer::tool_format).
+  std::string tools;
+  std::string tool_choice = "none";
 };
 
 // Most alternatives per token for logprobs / top_logprobs (OpenAI's chat limit).
@@ -70,8 +84,9 @@ inline constexpr int kMaxTopLogprobs = 20;
 inline constexpr int kMaxStopStrings = 16;
 
 // Parses a request body. Throws RequestError (status 400) for malformed JSON,
-// a body that is not an object, a field of the wrong type or out of range, or a
-// feature the server does not implement (n > 1, penalties, logit_bias…).
+// a body that is not an object, a field of the wrong type or out of range, a
+// schema or tool list outside the supported subset, or a feature the server
+// does not implement (n > 1, penalties, logit_bias…).
 ApiRequest parse_request(std::string_view body, Endpoint endpoint);
 
 }  // namespace kvtier::server

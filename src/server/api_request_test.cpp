@@ -1,6 +1,7 @@
 #include "server/api_request.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <string>
 
@@ -86,7 +87,7 @@ TEST(ApiRequest, ChatMessages) {
   EXPECT_EQ(error_of(R"({"messages": "hi"})", Endpoint::chat).param(), "messages");
   EXPECT_EQ(error_of(R"({"messages": [{"role": "user"}]})", Endpoint::chat).param(),
             "messages[0].content");
-  EXPECT_EQ(error_of(R"({"messages": [{"role": "tool", "content": "x"}]})", Endpoint::chat).param(),
+  EXPECT_EQ(error_of(R"({"messages": [{"role": "function", "content": "x"}]})", Endpoint::chat).param(),
             "messages[0].role");
   EXPECT_EQ(error_of(R"({"messages": [{"role": 3, "content": "x"}]})", Endpoint::chat).param(),
             "messages[0].role");
@@ -140,6 +141,96 @@ TEST(ApiRequest, UnsupportedFeaturesAreRefused) {
   EXPECT_NO_THROW(parse_request(R"({"prompt": "x", "n": 1, "best_of": 1, "logprobs": 0,
                                     "logit_bias": {}, "frequency_penalty": 0})",
                                 Endpoint::completions));
+}
+
+TEST(ApiRequest, ResponseFormats) {
+  const char* msgs = R"("messages": [{"role": "user", "content": "x"}])";
+  auto chat = [&](const std::string& rest) { return std::string("{") + msgs + ", " + rest + "}"; };
+  EXPECT_EQ(parse_request(chat(R"("response_format": {"type": "text"})"), Endpoint::chat).response_format, "text");
+  EXPECT_EQ(parse_request(chat(R"("response_format": {"type": "json_object"})"), Endpoint::chat).response_format,
+            "json_object");
+  const ApiRequest r = parse_request(
+      chat(R"("response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": true,
+           "schema": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}})"),
+      Endpoint::chat);
+  EXPECT_EQ(r.response_format, "json_schema");
+  EXPECT_EQ(r.json_schema_name, "p");
+  EXPECT_EQ(nlohmann::json::parse(r.json_schema)["required"][0], "a");
+  // The schema keeps the client's key order (the order properties are generated in).
+  const ApiRequest o = parse_request(
+      chat(R"("response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object",
+           "properties": {"zeta": {"type": "integer"}, "alpha": {"type": "string"}}}}})"),
+      Endpoint::chat);
+  EXPECT_LT(o.json_schema.find("zeta"), o.json_schema.find("alpha")) << o.json_schema;
+  EXPECT_LT(o.json_schema.find("type"), o.json_schema.find("properties")) << o.json_schema;
+  // Completions take response_format too.
+  EXPECT_EQ(parse_request(R"({"prompt": "x", "response_format": {"type": "json_object"}})", Endpoint::completions)
+                .response_format,
+            "json_object");
+  const RequestError bad_kw = error_of(
+      chat(R"("response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object",
+           "properties": {"n": {"type": "number", "multipleOf": 2}}}}})"),
+      Endpoint::chat);
+  EXPECT_EQ(bad_kw.param(), "response_format.json_schema.schema");
+  EXPECT_NE(std::string(bad_kw.what()).find("response_format.json_schema.schema.properties.n: keyword 'multipleOf'"),
+            std::string::npos)
+      << bad_kw.what();
+  EXPECT_EQ(error_of(chat(R"("response_format": {"type": "xml"})"), Endpoint::chat).param(), "response_format.type");
+  EXPECT_EQ(error_of(chat(R"("response_format": {"type": "json_schema"})"), Endpoint::chat).param(),
+            "response_format.json_schema");
+  EXPECT_EQ(error_of(chat(R"("response_format": {"type": "json_schema", "json_schema": {"name": "x"}})"),
+                     Endpoint::chat)
+                .param(),
+            "response_format.json_schema.schema");
+}
+
+TEST(ApiRequest, ToolsAndToolChoice) {
+  const std::string tools = R"("tools": [{"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])";
+  auto chat = [&](const std::string& rest) {
+    return R"({"messages": [{"role": "user", "content": "x"}], )" + tools + (rest.empty() ? "" : ", " + rest) + "}";
+  };
+  EXPECT_EQ(parse_request(chat(""), Endpoint::chat).tool_choice, "auto");
+  const std::string t = parse_request(chat(""), Endpoint::chat).tools;
+  EXPECT_LT(t.find("\"type\""), t.find("\"function\"")) << "tools keep the client's key order: " << t;
+  EXPECT_EQ(parse_request(chat(R"("tool_choice": "required")"), Endpoint::chat).tool_choice, "required");
+  EXPECT_EQ(parse_request(chat(R"("tool_choice": {"type": "function", "function": {"name": "get_weather"}})"),
+                          Endpoint::chat)
+                .tool_choice,
+            "get_weather");
+  EXPECT_EQ(error_of(chat(R"("tool_choice": {"type": "function", "function": {"name": "nope"}})"), Endpoint::chat)
+                .param(),
+            "tool_choice.function.name");
+  EXPECT_EQ(error_of(chat(R"("tool_choice": "sometimes")"), Endpoint::chat).param(), "tool_choice");
+  EXPECT_EQ(error_of(chat(R"("tool_choice": "required", "response_format": {"type": "json_object"})"),
+                     Endpoint::chat)
+                .param(),
+            "tool_choice");
+  EXPECT_EQ(error_of(R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})", Endpoint::chat)
+                .param(),
+            "tool_choice");
+  EXPECT_EQ(error_of(R"({"prompt": "x", "tools": [{"type": "function", "function": {"name": "f"}}]})").param(),
+            "tools");
+  // A conversation with a call and its result.
+  const ApiRequest r = parse_request(
+      R"({"messages": [{"role": "user", "content": "Weather?"},
+          {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+           "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+          {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}], )" + tools + "}",
+      Endpoint::chat);
+  ASSERT_EQ(r.messages.size(), 3u);
+  ASSERT_EQ(r.messages[1].tool_calls.size(), 1u);
+  EXPECT_EQ(r.messages[1].tool_calls[0].name, "get_weather");
+  EXPECT_EQ(r.messages[1].tool_calls[0].arguments, R"({"city": "Paris"})");
+  EXPECT_EQ(r.messages[2].role, "tool");
+  EXPECT_EQ(r.messages[2].tool_call_id, "call_1");
+  EXPECT_EQ(error_of(R"({"messages": [{"role": "tool", "content": "x"}]})", Endpoint::chat).param(),
+            "messages[0].tool_call_id");
+  EXPECT_EQ(error_of(R"({"messages": [{"role": "assistant", "tool_calls": [{"type": "function",
+                "function": {"name": "f", "arguments": "not json"}}]}]})",
+                     Endpoint::chat)
+                .param(),
+            "messages[0].tool_calls[0].function.arguments");
 }
 
 TEST(ApiRequest, MalformedBodies) {

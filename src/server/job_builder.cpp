@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <random>
 
+#include "grammar/constraint.h"
+#include "grammar/tool_calls.h"
 #include "kv/policy.h"
 
 namespace kvtier::server {
@@ -59,7 +61,13 @@ Job build_job(const ApiRequest& r, const Engine& engine, const ServerLimits& lim
 
   const char* prompt_param = r.endpoint == Endpoint::chat ? "messages" : "prompt";
   if (r.endpoint == Endpoint::chat) {
-    job.prompt = engine.tokenize(engine.chat_prompt(r.messages), true);
+    std::string text;
+    try {
+      text = engine.tokenizer().apply_chat_template(r.messages, true, r.tools);
+    } catch (const Error& e) {
+      throw RequestError(400, e.what(), r.tools.empty() ? "messages" : "tools");
+    }
+    job.prompt = engine.tokenize(text, true);
   } else if (r.prompt_tokens) {
     const int32_t n_vocab = engine.tokenizer().n_vocab();
     for (size_t i = 0; i < r.prompt_tokens->size(); ++i) {
@@ -120,6 +128,18 @@ Job build_job(const ApiRequest& r, const Engine& engine, const ServerLimits& lim
   s.n_logprobs = r.logprobs;
   // echo with logprobs scores the prompt too (evaluation harnesses' log-likelihoods).
   s.n_prompt_logprobs = r.echo && r.logprobs >= 0 ? r.logprobs : -1;
+  try {  // structured output: compiled here, on the request's thread, not in the decode loop
+    if (r.response_format == "json_object") {
+      s.constraint = engine.grammar_vocab()->json_object();
+    } else if (r.response_format == "json_schema") {
+      s.constraint = engine.grammar_vocab()->json_schema(r.json_schema, r.json_schema_name);
+    } else if (!r.tools.empty() && r.tool_choice != "none" && r.tool_choice != "auto") {
+      s.constraint = tool_call_constraint(*engine.grammar_vocab(), engine.tokenizer().tool_format(),
+                                          parse_tool_specs(r.tools), r.tool_choice == "required" ? "" : r.tool_choice);
+    }
+  } catch (const GrammarError& e) {
+    throw RequestError(400, e.what(), r.response_format != "text" ? "response_format" : "tools");
+  }
 
   try {
     check_policy_fits_context(policy, limits.n_ctx);

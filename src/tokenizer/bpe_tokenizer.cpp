@@ -108,9 +108,11 @@ class BpeTokenizer final : public Tokenizer {
   }
   bool add_bos_default() const override { return spec_.add_bos; }
   ChatTemplate chat_template() const override { return format_.family; }
-  std::string apply_chat_template(const std::vector<ChatMessage>& messages,
-                                  bool add_generation_prompt) const override {
-    return render_chat(format_, messages, add_generation_prompt);
+  ToolFormat tool_format() const override { return format_.tools; }
+  using Tokenizer::apply_chat_template;
+  std::string apply_chat_template(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                                  std::string_view tools_json) const override {
+    return render_chat(format_, messages, add_generation_prompt, tools_json);
   }
 
  private:

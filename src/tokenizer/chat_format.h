@@ -23,6 +23,9 @@ struct ChatFormat {
   // knowledge-cutoff and date lines.
   bool llama31_system_header = false;
   std::string date_string = "26 Jul 2024";
+  // How the template offers tools (tokenizer.h): Qwen2.5's has <tool_call>,
+  // Llama 3.1's "Environment: ipython" (its tools_in_user_message default).
+  ToolFormat tools = ToolFormat::none;
 };
 
 // Family from the template text; with no template, from the special tokens
@@ -30,8 +33,10 @@ struct ChatFormat {
 // "<|start_header_id|>").
 ChatFormat detect_chat_format(std::string_view template_text, bool has_im_start, bool has_header);
 
-// Throws kvtier::Error for family none.
+// Throws kvtier::Error for family none, and for tools (tools_json: OpenAI's
+// `tools` array, or empty) or tool calls in the messages when the template
+// has no tool support.
 std::string render_chat(const ChatFormat& format, const std::vector<ChatMessage>& messages,
-                        bool add_generation_prompt);
+                        bool add_generation_prompt, std::string_view tools_json = {});
 
 }  // namespace kvtier

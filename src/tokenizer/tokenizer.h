@@ -13,12 +13,27 @@ namespace kvtier {
 
 class GgufFile;
 
+// A call of a tool (function) by the assistant, as OpenAI's API carries it.
+struct ToolCall {
+  std::string id;
+  std::string name;
+  std::string arguments;  // a JSON object, as text
+};
+
 struct ChatMessage {
-  std::string role;  // "system", "user", "assistant"
+  std::string role;  // "system", "user", "assistant", "tool"
   std::string content;
+  std::vector<ToolCall> tool_calls;  // an assistant turn that called tools
+  std::string tool_call_id;          // role "tool": the call this answers
 };
 
 enum class ChatTemplate { chatml, llama3, none };
+
+// How a chat template offers tools to the model and how the model calls one
+// (chat_format.h): none (the template has no tools, e.g. SmolLM2's), hermes
+// (Qwen2.5: <tools> in the system turn, <tool_call>{"name", "arguments"}</tool_call>),
+// llama31_json (Llama 3.1/3.2/3.3: tools in the first user turn, {"name", "parameters"}).
+enum class ToolFormat { none, hermes, llama31_json };
 
 class Tokenizer {
  public:
@@ -48,10 +63,16 @@ class Tokenizer {
   virtual bool add_bos_default() const = 0;
 
   virtual ChatTemplate chat_template() const = 0;
+  virtual ToolFormat tool_format() const = 0;
   // Renders messages in the model's chat format; with add_generation_prompt
-  // the text ends with the assistant header.
-  virtual std::string apply_chat_template(const std::vector<ChatMessage>& messages,
-                                          bool add_generation_prompt) const = 0;
+  // the text ends with the assistant header. tools_json: OpenAI's `tools`
+  // array as JSON text, or empty; tools on a template without tool support
+  // are an error.
+  virtual std::string apply_chat_template(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                                          std::string_view tools_json) const = 0;
+  std::string apply_chat_template(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
+    return apply_chat_template(messages, add_generation_prompt, {});
+  }
 };
 
 }  // namespace kvtier
