@@ -37,8 +37,23 @@ struct DecodeAttnParams {
 void decode_attn_ref(const DecodeAttnParams& p, const float* q, const uint8_t* k, const uint8_t* v,
                      const int32_t* idx, float* part_out, float* part_lse);
 
+// The CPU version (decode_attn_cpu.cpp; kernels per ISA, chosen by
+// cpu_path()): q f32, K/V read in their stored precision. Writes parts
+// [part0, part0 + n_split); split j covers entries [j·c, min(n_tok, (j+1)·c)),
+// c = ceil(n_tok / n_split), as the CUDA kernel. The (row, split) jobs run on
+// the default thread pool. head_dim: any multiple of 8 is vectorized, others
+// take a scalar path.
+void decode_attn_cpu(const DecodeAttnParams& p, const float* q, const uint8_t* k, const uint8_t* v,
+                     const int32_t* idx, float* part_out, float* part_lse);
+
+// Splits for decode_attn_cpu that give n_threads threads work over n_rows rows
+// of n_tok entries, each split at least min_tokens long.
+int decode_attn_cpu_splits(int64_t n_rows, int64_t n_tok, int n_threads, int64_t min_tokens = 256);
+
 // Merges n_part partial results into out [n_seq*n_head, head_dim] f32 and,
 // when not null, lse [n_seq*n_head].
+void attn_merge_cpu(int n_part, int64_t n_qh, int head_dim, const float* part_out, const float* part_lse,
+                    float* out, float* lse);
 void attn_merge_ref(int n_part, int64_t n_qh, int head_dim, const float* part_out, const float* part_lse,
                     float* out, float* lse);
 
