@@ -8,11 +8,14 @@
 // all policies against one dense sequence keeps their inputs identical.
 // Then, unless --no-greedy, each policy decodes on its own (its attention
 // output feeds the model) and its greedy tokens are compared with full attention's.
+// The same pass measures the dense attention's entropy and top-3 % mass per
+// layer (--attention-only: that alone, no policy).
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -38,6 +41,7 @@ struct AnalyzeArgs {
   int steps = 32;
   std::string json_out;
   bool no_greedy = false;
+  bool attention_only = false;
 };
 
 std::string read_all(const std::string& path) {
@@ -80,12 +84,46 @@ double seconds(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Dense attention's entropy and top-3 % mass over the decode queries, by
+// layer (means over query heads and queries) and in total; printed and returned as JSON.
+nlohmann::json attention_report(const AnalysisKv& an, const KvGeometry& g, int64_t n_prompt) {
+  auto to_json = [](const AttentionStats& s) {
+    return nlohmann::json{{"entropy", s.mean_entropy()},
+                          {"norm_entropy", s.mean_norm_entropy()},
+                          {"top_mass", s.mean_top_mass()}};
+  };
+  const auto& by_head = an.attention();
+  fmt::print("\ndense attention at decode (means over heads and queries; top {:g} % = {} of {} tokens)\n",
+             100 * k_top_mass_fraction, int64_t(std::ceil(k_top_mass_fraction * double(n_prompt))), n_prompt);
+  fmt::print("{:>5} {:>9} {:>10} {:>10}\n", "layer", "entropy", "entropy/ln", "top-3% mass");
+  nlohmann::json layers = nlohmann::json::array();
+  for (int l = 0; l < g.n_layer; ++l) {
+    const AttentionStats s = sum_attention(&by_head[size_t(l) * g.n_head], g.n_head);
+    fmt::print("{:>5} {:>9.3f} {:>10.3f} {:>10.3f}\n", l, s.mean_entropy(), s.mean_norm_entropy(), s.mean_top_mass());
+    nlohmann::json lj = to_json(s);
+    nlohmann::json heads = nlohmann::json::array();
+    for (int h = 0; h < g.n_head; ++h) heads.push_back(to_json(by_head[size_t(l) * g.n_head + h]));
+    lj["heads"] = heads;
+    layers.push_back(lj);
+  }
+  const AttentionStats t = sum_attention(by_head.data(), int(by_head.size()));
+  fmt::print("{:>5} {:>9.3f} {:>10.3f} {:>10.3f}\n", "all", t.mean_entropy(), t.mean_norm_entropy(), t.mean_top_mass());
+  nlohmann::json out = to_json(t);
+  out["top_fraction"] = k_top_mass_fraction;
+  out["layers"] = layers;
+  return out;
+}
+
 void run_analyze(AnalyzeArgs& a) {
   KVT_CHECK(a.text_file.empty() != (a.haystack_tokens == 0),
             "give --text FILE or --haystack N_TOKENS (one of them)");
   KVT_CHECK(a.steps >= 2, "--steps {} must be ≥ 2 (the first token comes from the prefill)",
             a.steps);
-  KVT_CHECK(!a.kv.empty(), "give at least one --kv policy");
+  if (a.attention_only) {
+    a.kv.clear();
+    a.no_greedy = true;
+  }
+  KVT_CHECK(!a.kv.empty() || a.attention_only, "give at least one --kv policy");
   for (const std::string& p : a.kv) parse_policy(p);  // errors before the model loads
   auto engine = load_engine(a.engine);
   const std::string body = a.text_file.empty()
@@ -145,8 +183,9 @@ void run_analyze(AnalyzeArgs& a) {
   out["geometry"] = {{"n_layer", g.n_layer}, {"n_head", g.n_head}, {"n_kv_head", g.n_kv_head},
                      {"head_dim", g.head_dim}};
   out["full_text"] = seq->result().text;
-  fmt::print("\n{:<46} {:>10} {:>10} {:>8} {:>8} {:>9} {:>8} {:>7} {:>8} {:>7}\n", "policy", "GPU B/tok",
-             "host B/tok", "budget", "tok rec", "mass rec", "out err", "reuse", "distinct", "greedy");
+  if (!a.kv.empty())
+    fmt::print("\n{:<46} {:>10} {:>10} {:>8} {:>8} {:>9} {:>8} {:>7} {:>8} {:>7}\n", "policy", "GPU B/tok",
+               "host B/tok", "budget", "tok rec", "mass rec", "out err", "reuse", "distinct", "greedy");
   for (size_t i = 0; i < a.kv.size(); ++i) {
     const PolicyAnalysis& pa = an->results()[i];
     const KvFootprint f = plan_footprint(an->policy_plan(i), int64_t(prompt.size()));
@@ -193,16 +232,19 @@ void run_analyze(AnalyzeArgs& a) {
     pj["layers"] = layers;
     out["policies"].push_back(pj);
   }
-  fmt::print("\nmass recall by layer\n{:>5}", "layer");
-  for (size_t i = 0; i < a.kv.size(); ++i) fmt::print(" {:>10}", fmt::format("P{}", i + 1));
-  fmt::print("\n");
-  for (int l = 0; l < g.n_layer; ++l) {
-    fmt::print("{:>5}", l);
-    for (size_t i = 0; i < a.kv.size(); ++i)
-      fmt::print(" {:>10.4f}", an->results()[i].layer(l, g.n_head).mean_mass_recall());
+  if (!a.kv.empty()) {
+    fmt::print("\nmass recall by layer\n{:>5}", "layer");
+    for (size_t i = 0; i < a.kv.size(); ++i) fmt::print(" {:>10}", fmt::format("P{}", i + 1));
     fmt::print("\n");
+    for (int l = 0; l < g.n_layer; ++l) {
+      fmt::print("{:>5}", l);
+      for (size_t i = 0; i < a.kv.size(); ++i)
+        fmt::print(" {:>10.4f}", an->results()[i].layer(l, g.n_head).mean_mass_recall());
+      fmt::print("\n");
+    }
+    for (size_t i = 0; i < a.kv.size(); ++i) fmt::print("P{} = {}\n", i + 1, an->results()[i].resolved);
   }
-  for (size_t i = 0; i < a.kv.size(); ++i) fmt::print("P{} = {}\n", i + 1, an->results()[i].resolved);
+  out["attention"] = attention_report(*an, g, int64_t(prompt.size()));
   if (!a.json_out.empty()) {
     std::ofstream js(a.json_out);
     KVT_CHECK(js.good(), "cannot write {}", a.json_out);
@@ -231,6 +273,8 @@ Registration reg(50, [](CLI::App& app) {
   cmd->add_option("-s,--steps", a->steps, "greedy decode steps")->capture_default_str();
   cmd->add_option("--json", a->json_out, "write per-policy, per-layer, per-head metrics here");
   cmd->add_flag("--no-greedy", a->no_greedy, "skip each policy's own greedy decode");
+  cmd->add_flag("--attention-only", a->attention_only,
+                "only the dense attention's statistics (entropy, top-3 % mass): no policy, no greedy decode");
   cmd->callback([a] { run_analyze(*a); });
 });
 

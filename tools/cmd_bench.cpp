@@ -1,10 +1,12 @@
 // kvtier bench: accuracy sweeps — tasks x KV policies x context lengths x
-// samples with greedy decoding; per-sample JSONL (resumable), a summary table
-// and an optional SVG plot of score against GPU KV bytes per token.
+// samples with greedy decoding and teacher-forced fidelity to full attention;
+// per-sample JSONL (resumable), a summary table with 95 % intervals and an
+// optional SVG plot of score and fidelity against GPU KV bytes per token.
 #include <fmt/format.h>
 
 #include <fstream>
 
+#include "bench/bench_plot.h"
 #include "bench/bench_report.h"
 #include "bench/bench_runner.h"
 #include "bench/bench_text.h"
@@ -29,6 +31,7 @@ struct BenchArgs {
   std::string output;
   std::string plot;
   std::string summary;
+  std::string fidelity = "on";
   bool no_progress = false;
   bool report_only = false;
 };
@@ -69,6 +72,8 @@ void bench_cmd(BenchArgs& a) {
   c.data_root = a.data;
   c.text2json_file = a.text2json_file;
   c.progress = !a.no_progress;
+  c.generate = a.fidelity != "only";
+  c.fidelity = a.fidelity != "off";
   std::vector<nlohmann::json> records;
   if (a.report_only) {
     records = bench::read_bench_records(c.output);
@@ -112,6 +117,11 @@ Registration reg(70, [](CLI::App& app) {
   cmd->add_option("-o,--output", a->output, "per-sample JSONL (resumed when it exists)")->required();
   cmd->add_option("--plot", a->plot, "write an SVG plot of score vs GPU KV bytes per token");
   cmd->add_option("--summary", a->summary, "also write the summary table (Markdown) to this file");
+  cmd->add_option("--fidelity", a->fidelity,
+                  "teacher-forced fidelity to full attention (answer NLL, top-1 agreement, KL): on | off | only "
+                  "(only: no generation, no task score)")
+      ->check(CLI::IsMember({"on", "off", "only"}))
+      ->capture_default_str();
   cmd->add_flag("--no-progress", a->no_progress, "no progress bar on stderr");
   cmd->add_flag("--report-only", a->report_only, "run nothing: summarize (and plot) the records already in -o");
   cmd->callback([a] { bench_cmd(*a); });

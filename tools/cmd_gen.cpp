@@ -30,6 +30,7 @@ struct GenArgs {
   std::string data = default_data_root();
   std::string output;
   std::string domain;
+  std::string split;
   int64_t tokens = 4096;
   int64_t n = 10;
   uint64_t seed = 1;
@@ -50,12 +51,16 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
 }
 
 void gen(const GenArgs& a) {
-  const std::string task = a.task == "text2json" ? "text2json-gen" : a.task;
+  std::string task = a.task == "text2json" ? "text2json-gen" : a.task;
+  if (task == "multineedle" && !a.split.empty()) task = "multineedle-gen";  // the official needles have no split
+  if (!a.split.empty()) task += ":" + a.split;
+  const std::string base = bench::parse_task_name(task).base;  // checks the split
+  KVT_CHECK(a.domain.empty() || base == "text2json-gen", "gen: --domain applies to --task text2json only");
   KVT_CHECK(!a.output.empty(), "gen: need an output file (-o)");
   std::unique_ptr<Tokenizer> tok = load_tokenizer(a.model);
   bench::CountTokens count = [&](const std::string& s) { return static_cast<int64_t>(tok->encode(s, false, false).size()); };
   std::vector<bench::BenchSample> samples;
-  if (task == "text2json-gen" && !a.domain.empty()) {
+  if (base == "text2json-gen" && !a.domain.empty()) {
     const auto nb = bench::load_needlebench(a.data + "/needlebench");
     for (int64_t i = 0; i < a.n; ++i) {
       bench::Text2JsonGenOptions o;
@@ -63,6 +68,7 @@ void gen(const GenArgs& a) {
       o.seed = a.seed;
       o.index = i;
       o.domain = a.domain;
+      o.split = bench::parse_split(a.split.empty() ? "train" : a.split);
       samples.push_back(bench::make_text2json_sample(o, nb.essays, count));
     }
   } else {
@@ -100,13 +106,21 @@ Registration reg(72, [](CLI::App& app) {
   auto a = std::make_shared<GenArgs>();
   auto* cmd = app.add_subcommand("gen", "generate benchmark samples (Text2JSON-style, MultiNeedle, RULER) as JSONL");
   cmd->add_option("--task", a->task,
-                  "text2json | multineedle | niah_single | niah_multikey | niah_multivalue | niah_multiquery | vt "
+                  "text2json | multineedle | multineedle-gen | niah_single | niah_multikey | niah_multivalue | niah_multiquery | vt "
                   "| cwe | fwe | longproc-0.5k | longproc-2k")
       ->capture_default_str();
   cmd->add_option("--tokens", a->tokens, "target prompt length in the model's tokens")->capture_default_str();
   cmd->add_option("--n", a->n, "number of samples")->capture_default_str();
   cmd->add_option("--seed", a->seed, "generation seed")->capture_default_str();
-  cmd->add_option("--domain", a->domain, "text2json: products | medical | organizations | movies (default: by index)");
+  cmd->add_option("--domain", a->domain,
+                  "text2json: a domain (official: products, medical, organizations, movies; training: books, "
+                  "restaurants, ships, software, athletes, grants; held out: hotels, aircraft, universities, albums, "
+                  "patents), or 'all' (every domain of the split, by index); default: the split's own by index");
+  cmd->add_option("--split", a->split,
+                  "train | heldout: the generators' training distribution (varied wording, styles and values; "
+                  "multineedle becomes generated needles) or what training never sees (other domains, wording, "
+                  "value shapes, essays); default: each task's benchmark form")
+      ->check(CLI::IsMember({"train", "heldout"}));
   cmd->add_option("-m,--model", a->model,
                   "model whose tokenizer measures the length (GGUF, model directory, or a directory with tokenizer.json)")
       ->capture_default_str();

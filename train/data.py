@@ -1,6 +1,6 @@
 """Training batches from the project's own generators.
 
-Each batch is a pure function of (seed, step, stage): `kvtier gen --ids`
+Each batch is a pure function of (recipe, seed, step, stage): `kvtier gen --ids`
 writes samples of every task at a length drawn from the stage's range, with
 the prompt exactly as `kvtier bench` feeds it (chat template, answer prefix)
 and the reference answer closed by <|im_end|>. One sample per row, padded.
@@ -17,10 +17,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# Task mix: the Text2JSON-style generator (four domains, by sample index),
-# MultiNeedle and the RULER-style tasks.
-MIX = {"text2json": 0.55, "multineedle": 0.20, "niah_single": 0.04, "niah_multikey": 0.04,
-       "niah_multivalue": 0.04, "niah_multiquery": 0.04, "vt": 0.03, "cwe": 0.03, "fwe": 0.03}
+# Task mix of v1 (the committed model): the Text2JSON-style generator (four
+# domains, by sample index), MultiNeedle (NeedleBench's fixed needles) and the
+# RULER-style tasks in RULER's own wording.
+MIX_V1 = {"text2json": 0.55, "multineedle": 0.20, "niah_single": 0.04, "niah_multikey": 0.04,
+          "niah_multivalue": 0.04, "niah_multiquery": 0.04, "vt": 0.03, "cwe": 0.03, "fwe": 0.03}
+# v2: every generator's train split (`kvtier gen --split train`): open-ended
+# names and values, varied instruction wording and document styles, ten
+# Text2JSON-style domains (the four official ones and six more), generated
+# needles instead of NeedleBench's pool, RULER's wording among paraphrases.
+# The held-out split (other domains, wording, value shapes, essays) is for
+# evaluation only.
+MIX_V2 = {"text2json": 0.50, "multineedle-gen": 0.22, "niah_single": 0.04, "niah_multikey": 0.04,
+          "niah_multivalue": 0.04, "niah_multiquery": 0.04, "vt": 0.04, "cwe": 0.04, "fwe": 0.04}
+GEN_ARGS_V2 = {"text2json": ["--split", "train", "--domain", "all"]}
+GEN_ARGS_V2_DEFAULT = ["--split", "train"]
 PROMPT_WEIGHT = 0.05
 SEED_BASE = 1_000_000  # training seeds never meet the benchmark's (small) seeds
 
@@ -33,10 +44,25 @@ class Stage:
     share: float     # share of the training budget
 
 
-# Curriculum: short, dense samples first, then longer contexts up to 32K.
+# Curriculum: short, dense samples first, then longer contexts up to 32K (v1)
+# or 64K (v2, whose benchmarks run at 16K-64K).
 STAGES = [Stage(2048, 512, 1536, 0.15), Stage(4608, 1536, 3584, 0.20), Stage(9216, 3584, 8192, 0.20),
           Stage(17408, 7168, 16384, 0.20), Stage(34816, 14336, 32768, 0.25)]
+STAGES_V2 = [Stage(2048, 512, 1536, 0.10), Stage(4608, 1536, 3584, 0.12), Stage(9216, 3584, 8192, 0.18),
+             Stage(17408, 7168, 16384, 0.20), Stage(34816, 14336, 32768, 0.22), Stage(67584, 28672, 65536, 0.18)]
 SMOKE_STAGES = [Stage(1536, 512, 900, 0.5), Stage(2560, 900, 1800, 0.5)]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    mix: dict
+    gen_args: dict
+    default_args: tuple
+    stages: list
+
+
+RECIPES = {"v1": Recipe(MIX_V1, {}, (), STAGES),
+           "v2": Recipe(MIX_V2, GEN_ARGS_V2, tuple(GEN_ARGS_V2_DEFAULT), STAGES_V2)}
 
 
 @dataclass(frozen=True)
@@ -51,13 +77,29 @@ class Job:
     kvtier: str
     tokenizer_dir: str
     data: str
+    recipe: str = "v1"
+    split: str = ""  # "heldout": evaluation batches from the held-out split (v2)
+
+
+def gen_args(job, task):
+    """Extra `kvtier gen` arguments of a task under the job's recipe and split."""
+    r = RECIPES[job.recipe]
+    args = list(r.gen_args.get(task, r.default_args))
+    if job.split == "heldout":
+        if "--split" not in args:
+            args = ["--split", "heldout"] + args
+        args = ["heldout" if a == "train" else a for a in args]
+        if "--domain" in args:  # the held-out split's own domains
+            i = args.index("--domain")
+            del args[i:i + 2]
+    return args
 
 
 def gen(job, task, n, tokens, seed, workdir):
     out = os.path.join(workdir, f"{task}.jsonl")
     r = subprocess.run([job.kvtier, "gen", "--task", task, "--tokens", str(tokens), "--n", str(n), "--seed",
-                        str(seed), "--ids", "-m", job.tokenizer_dir, "--data", job.data, "-o", out],
-                       capture_output=True, text=True)
+                        str(seed), "--ids", "-m", job.tokenizer_dir, "--data", job.data, "-o", out]
+                       + gen_args(job, task), capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"kvtier gen {task} --tokens {tokens} failed: {r.stderr.strip()[-400:]}")
     with open(out, encoding="utf-8") as f:
@@ -68,8 +110,9 @@ def build_batch(job: Job):
     """tokens [n_rows, row] int32, weights [n_rows, row] float32 (weights[i] is
     the weight of predicting tokens[i + 1]), and counts for the log."""
     rng = np.random.default_rng([job.seed, job.step])
-    names = list(MIX)
-    probs = np.array([MIX[t] for t in names])
+    mix = RECIPES[job.recipe].mix
+    names = list(mix)
+    probs = np.array([mix[t] for t in names])
     length = int(rng.integers(job.lo, job.hi + 1))
     n_rows = max(1, round(job.tokens / (length + 300)))
     tasks = rng.choice(len(names), size=n_rows, p=probs / probs.sum())

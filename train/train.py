@@ -46,14 +46,18 @@ def lr_at(progress, step, peak, warmup):
     return peak * w * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def eval_batches(args, stages, kvtier, tok_dir):
-    """Held-out batches (another seed) at each stage's length, for teacher-forced
-    answer accuracy: the share of answer tokens the model predicts exactly."""
+def eval_jobs(args, stages, kvtier, tok_dir):
+    """Evaluation batches (another seed) at each stage's length, for teacher-forced
+    answer accuracy: the share of answer tokens the model predicts exactly. v2
+    adds batches of the held-out split (domains, wording and values never trained on)."""
     out = []
-    for i, s in enumerate(stages):
-        job = D.Job(step=i, stage=i, row=s.row, lo=s.hi, hi=s.hi, tokens=max(2, args.eval_rows) * (s.hi + 300),
-                    seed=args.seed + 7777, kvtier=kvtier, tokenizer_dir=tok_dir, data=args.data)
-        out.append((s, D.build_batch(job)))
+    splits = ["", "heldout"] if args.recipe == "v2" else [""]
+    for split in splits:
+        for i, s in enumerate(stages):
+            job = D.Job(step=i, stage=i, row=s.row, lo=s.hi, hi=s.hi, tokens=max(2, args.eval_rows) * (s.hi + 300),
+                        seed=args.seed + 7777, kvtier=kvtier, tokenizer_dir=tok_dir, data=args.data,
+                        recipe=args.recipe, split=split)
+            out.append((f"{split or 'train'}/{s.row}", job))
     return out
 
 
@@ -61,7 +65,7 @@ def eval_batches(args, stages, kvtier, tok_dir):
 def evaluate(model, batches, device, amp, attn_ctx):
     res = {}
     model.eval()
-    for s, (_, tokens, weights, _) in batches:
+    for name, (_, tokens, weights, _) in batches:
         t = torch.from_numpy(tokens).to(device).long()
         w = torch.from_numpy(weights).to(device)
         with amp(), attn_ctx():
@@ -71,7 +75,7 @@ def evaluate(model, batches, device, amp, attn_ctx):
         acc = ((pred == t[:, 1:]) & ans).sum().item() / max(1, ans.sum().item())
         ce = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), t[:, 1:].reshape(-1), reduction="none")
         loss = (ce * ans.reshape(-1)).sum().item() / max(1, ans.sum().item())
-        res[s.row] = {"answer_acc": round(acc, 4), "answer_loss": round(loss, 4)}
+        res[name] = {"answer_acc": round(acc, 4), "answer_loss": round(loss, 4)}
     model.train()
     return res
 
@@ -95,13 +99,15 @@ def main():
     ap.add_argument("--total-steps", type=int, default=0, help="replay: steps of the logged run (learning rate by step)")
     ap.add_argument("--init", help="no checkpoint: start from this exported directory's weights (fresh optimizer)")
     ap.add_argument("--init-trained-s", type=float, default=0.0, help="with --init: budget seconds already spent")
+    ap.add_argument("--recipe", choices=sorted(D.RECIPES), default="v1",
+                    help="data mix and curriculum: v1 (the committed model) or v2 (train splits, up to 64K)")
     ap.add_argument("--smoke", action="store_true", help="tiny model and short stages (CPU check of the recipe)")
     args = ap.parse_args()
     t_start = time.time()
 
     torch.manual_seed(args.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    stages = D.SMOKE_STAGES if args.smoke else D.STAGES
+    stages = D.SMOKE_STAGES if args.smoke else D.RECIPES[args.recipe].stages
     cfg = Config(hidden_size=128, intermediate_size=256, num_hidden_layers=2) if args.smoke else Config()
     model = LlamaModel(cfg).to(device)
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -146,7 +152,6 @@ def main():
 
     kvtier = os.path.abspath(args.kvtier)
     tok_dir = os.path.abspath(args.tokenizer)
-    evals = eval_batches(args, stages, kvtier, tok_dir)
 
     def save():
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "trained_s": trained_s,
@@ -155,6 +160,8 @@ def main():
 
     # spawn: the workers only run `kvtier gen`; they must not inherit CUDA state.
     pool = ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn"))
+    # Evaluation batches are built by the workers while training starts.
+    eval_futures = [(name, pool.submit(D.build_batch, job)) for name, job in eval_jobs(args, stages, kvtier, tok_dir)]
     pending = deque()
     next_step = step
     ahead = 2 * args.workers
@@ -170,7 +177,7 @@ def main():
         si = stage_for(next_step, progress)
         s = stages[si]
         job = D.Job(step=next_step, stage=si, row=s.row, lo=s.lo, hi=s.hi, tokens=args.tokens_per_step, seed=args.seed,
-                    kvtier=kvtier, tokenizer_dir=tok_dir, data=args.data)
+                    kvtier=kvtier, tokenizer_dir=tok_dir, data=args.data, recipe=args.recipe)
         pending.append((job, pool.submit(D.build_batch, job)))
         next_step += 1
 
@@ -234,6 +241,7 @@ def main():
             t_last_save = time.time()
     for _, f in pending:
         f.cancel()
+    evals = [(name, f.result()) for name, f in eval_futures]
     pool.shutdown(wait=False, cancel_futures=True)
     save()
     export(model, args.export)
@@ -242,7 +250,8 @@ def main():
         if os.path.abspath(os.path.join(src, f)) != os.path.abspath(os.path.join(args.export, f)):
             shutil.copy(os.path.join(src, f), os.path.join(args.export, f))
     ev = evaluate(model, evals, device, amp, attn_ctx) if device == "cuda" or args.smoke else {}
-    summary = {"step": step, "trained_s": round(trained_s, 1), "budget_s": args.budget, "done": done,
+    summary = {"recipe": args.recipe, "step": step, "trained_s": round(trained_s, 1), "budget_s": args.budget,
+               "done": done,
                "stages": log, "eval": ev, "params": n_params(model), "wall_s": round(time.time() - t_start, 1)}
     with open(os.path.join(args.ckpt, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)

@@ -145,6 +145,20 @@ class Engine {
   // Full-sequence logits for tests: [n_tok, n_vocab] f32 (dense attention).
   std::vector<float> logits(const std::vector<int32_t>& tokens, const std::string& kv_policy = "full");
 
+  // Teacher forcing: prefills `prompt` under the policy as start() does, then
+  // feeds `answer` one token per decode step, so that the policy's sparse
+  // selection applies exactly as when it generates. on_logits(i, logits)
+  // receives the [n_vocab] f32 logits that predict answer[i]: i = 0 from the
+  // prefill's last position (dense attention under every policy, as in
+  // generation), i ≥ 1 from the decode step that fed answer[i - 1]. Returns
+  // the KV memory at the end. Throws as start() does.
+  KvMemory teacher_force(const std::vector<int32_t>& prompt, const std::vector<int32_t>& answer,
+                         const std::string& kv_policy,
+                         const std::function<void(int64_t i, const float* logits)>& on_logits);
+  // The same, collected: [n_answer, n_vocab] f32.
+  std::vector<float> teacher_forced_logits(const std::vector<int32_t>& prompt, const std::vector<int32_t>& answer,
+                                           const std::string& kv_policy = "full");
+
   Model& model();
   // Milliseconds per decode-step stage (index, select, fetch, attend, merge,
   // append, model) summed since the last reset, all sequences together;

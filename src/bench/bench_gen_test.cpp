@@ -185,8 +185,10 @@ TEST(MultiNeedleGen, BuildsFromTheRealData) {
 // model writes after answer_prefix), and a truncated one does not.
 TEST(ReferenceAnswer, ScoresFullMarksForEveryTask) {
   const TaskSource source{data_root(), "", count_words};
-  for (const std::string task : {"text2json-gen", "multineedle", "niah_single", "niah_multikey", "niah_multivalue",
-                                 "niah_multiquery", "vt", "cwe", "fwe", "longproc-0.5k"}) {
+  for (const std::string task :
+       {"text2json-gen", "text2json-gen:heldout", "multineedle", "multineedle-gen", "multineedle-gen:heldout",
+        "niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe", "niah_multikey:train",
+        "niah_multiquery:heldout", "vt:heldout", "cwe:train", "fwe:heldout", "longproc-0.5k"}) {
     const auto samples = make_samples(task, 3000, 4, 11, source);
     ASSERT_FALSE(samples.empty()) << task;
     for (const auto& s : samples) {

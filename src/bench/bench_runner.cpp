@@ -9,6 +9,8 @@
 #include <set>
 
 #include "bench/bench_text.h"
+#include "bench/fidelity.h"
+#include "bench/training_ids.h"
 #include "bench/jsonl.h"
 #include "core/status.h"
 
@@ -76,11 +78,82 @@ class ProgressBar {
   clock::time_point start_;
 };
 
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+void put_memory(json& rec, const KvMemory& m) {
+  rec["gpu_bytes"] = m.gpu_bytes;
+  rec["host_bytes"] = m.host_bytes;
+  rec["gpu_bytes_per_token"] = m.gpu_bytes_per_token;
+  rec["host_bytes_per_token"] = m.host_bytes_per_token;
+}
+
+void put_fidelity(json& rec, const FidelityStats& f, double seconds) {
+  rec["n_answer_tokens"] = f.n_tokens;
+  rec["answer_nll"] = f.answer_nll;
+  rec["answer_token_acc"] = f.answer_token_acc;
+  rec["top1_agree_full"] = f.top1_agree_full;
+  rec["kl_full"] = f.kl_full;
+  rec["fidelity_s"] = seconds;
+}
+
+// The preset full attention runs as: the reference of the fidelity metrics.
+constexpr const char* k_reference_policy = "full";
+
+// One sample's prompt and, for fidelity, its reference answer's ids and full
+// attention's pass over them (built when a policy first needs it).
+struct SampleWork {
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> answer;  // reference + end of turn; empty: no reference
+  std::unique_ptr<FidelityReference> full;
+  std::string full_error;  // the reference pass did not fit the context
+  double full_seconds = 0;
+};
+
+void build_reference(Engine& engine, SampleWork& w) {
+  if (w.full || !w.full_error.empty()) return;
+  auto t0 = Clock::now();
+  auto ref = std::make_unique<FidelityReference>(w.answer, engine.config().n_vocab);
+  try {
+    engine.teacher_force(w.prompt, w.answer, k_reference_policy,
+                         [&](int64_t, const float* logits) { ref->add(logits); });
+    w.full = std::move(ref);
+  } catch (const LimitError& e) {
+    w.full_error = e.what();
+  }
+  w.full_seconds = seconds_since(t0);
+}
+
+// The fidelity fields of one policy's record (fidelity_error when the answer
+// does not fit the context).
+void run_fidelity(Engine& engine, SampleWork& w, const std::string& policy, json& rec) {
+  build_reference(engine, w);
+  if (!w.full) {
+    rec["fidelity_error"] = w.full_error;
+    return;
+  }
+  if (policy == k_reference_policy) {
+    put_fidelity(rec, w.full->stats(), w.full_seconds);
+    return;
+  }
+  auto t0 = Clock::now();
+  FidelityAccumulator acc(*w.full);
+  try {
+    const KvMemory m =
+        engine.teacher_force(w.prompt, w.answer, policy, [&](int64_t i, const float* logits) { acc.add(i, logits); });
+    put_fidelity(rec, acc.stats(), seconds_since(t0));
+    if (!rec.contains("gpu_bytes")) put_memory(rec, m);
+  } catch (const LimitError& e) {
+    rec["fidelity_error"] = e.what();
+  }
+}
+
 }  // namespace
 
 std::vector<json> run_bench(Engine& engine, const BenchConfig& c) {
   KVT_CHECK(!c.tasks.empty() && !c.policies.empty(), "bench: need at least one --task and one --kv");
   KVT_CHECK(!c.output.empty(), "bench: need an output file (-o)");
+  KVT_CHECK(c.generate || c.fidelity, "bench: nothing to measure (neither generation nor fidelity)");
   std::vector<json> records = read_bench_records(c.output);
   std::set<std::string> done;
   for (const auto& r : records) done.insert(record_key(r));
@@ -117,6 +190,7 @@ std::vector<json> run_bench(Engine& engine, const BenchConfig& c) {
       std::vector<BenchSample> samples;
       bool built = false;
       for (int64_t i = 0; i < c.n_samples; ++i) {
+        SampleWork work;
         for (const auto& policy : c.policies) {
           bar.update(n_done, fmt::format("{} {} #{} {}", task, ctx, i, policy));
           if (!built) {
@@ -133,27 +207,33 @@ std::vector<json> run_bench(Engine& engine, const BenchConfig& c) {
             ++n_done;
             continue;
           }
-          const std::string text = engine.chat_prompt({{"user", s.prompt}}) + s.answer_prefix;
-          const std::vector<int32_t> prompt = engine.tokenize(text, true);
+          if (work.prompt.empty()) {
+            work.prompt = engine.tokenize(engine.chat_prompt({{"user", s.prompt}}) + s.answer_prefix, true);
+            if (!s.reference.empty()) work.answer = training_ids(tok, s).answer;
+          }
           json rec = probe;
           rec["model"] = engine.model_name();
-          rec["context_tokens"] = static_cast<int64_t>(prompt.size());
+          rec["context_tokens"] = static_cast<int64_t>(work.prompt.size());
           try {
-            const GenerationResult g = engine.generate(prompt, c.sampling, policy);
-            const SampleScore sc = score_prediction(family, g.text, s.gold);
-            rec["prediction"] = g.text;
-            rec["score"] = 100.0 * sc.score;
-            rec["excluded"] = sc.excluded;
-            rec["details"] = sc.details;
-            rec["gpu_bytes"] = g.kv_memory.gpu_bytes;
-            rec["host_bytes"] = g.kv_memory.host_bytes;
-            rec["gpu_bytes_per_token"] = g.kv_memory.gpu_bytes_per_token;
-            rec["host_bytes_per_token"] = g.kv_memory.host_bytes_per_token;
-            rec["prefill_s"] = g.prefill_seconds;
-            rec["decode_s"] = g.decode_seconds;
-            rec["n_new_tokens"] = static_cast<int64_t>(g.tokens.size());
-            rec["finish_reason"] = g.finish_reason;
-            rec["kv_policy"] = g.kv_policy;
+            if (c.generate) {
+              const GenerationResult g = engine.generate(work.prompt, c.sampling, policy);
+              const SampleScore sc = score_prediction(family, g.text, s.gold);
+              rec["prediction"] = g.text;
+              rec["score"] = 100.0 * sc.score;
+              rec["excluded"] = sc.excluded;
+              rec["details"] = sc.details;
+              put_memory(rec, g.kv_memory);
+              rec["prefill_s"] = g.prefill_seconds;
+              rec["decode_s"] = g.decode_seconds;
+              rec["n_new_tokens"] = static_cast<int64_t>(g.tokens.size());
+              rec["finish_reason"] = g.finish_reason;
+              rec["kv_policy"] = g.kv_policy;
+            }
+            if (c.fidelity && !work.answer.empty()) {
+              run_fidelity(engine, work, policy, rec);
+              // Without generation a sample that does not fit has nothing left to count.
+              if (!c.generate && rec.contains("fidelity_error")) rec["excluded"] = true;
+            }
           } catch (const LimitError& e) {
             // Too long for this model's context: recorded, scored 0, kept out of the means.
             rec["error"] = e.what();

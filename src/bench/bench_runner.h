@@ -24,6 +24,12 @@ struct BenchConfig {
   std::string data_root;
   std::string text2json_file;
   bool progress = true;  // a progress bar on stderr
+  // Greedy generation, scored by the task's metric.
+  bool generate = true;
+  // Teacher-forced fidelity to full attention (bench/fidelity.h): answer_nll,
+  // answer_token_acc, top1_agree_full, kl_full per record. Full attention's
+  // pass over each sample's reference answer is run once and shared by its policies.
+  bool fidelity = true;
 };
 
 // Resume key of a record: task, id, policy, ctx.
@@ -38,9 +44,12 @@ std::vector<nlohmann::json> read_bench_records(const std::string& path);
 void drop_partial_last_line(const std::string& path);
 
 // Runs every (task, ctx, sample, policy) not yet in the output, appending one
-// record each: task, id, policy, ctx, context_tokens, prediction, score
-// (0-100), excluded, details, gpu/host bytes and bytes per token, prefill and
-// decode seconds, new tokens, finish reason. Returns all records of the output.
+// record each: task, id, policy, ctx, context_tokens; when generating:
+// prediction, score (0-100), excluded, details, prefill and decode seconds,
+// new tokens, finish reason; with fidelity: n_answer_tokens, answer_nll,
+// answer_token_acc, top1_agree_full, kl_full, fidelity_s; and GPU/host bytes
+// and bytes per token. A record already in the output is not redone, even when
+// it lacks fields the present configuration would add. Returns all records.
 std::vector<nlohmann::json> run_bench(Engine& engine, const BenchConfig& config);
 
 }  // namespace kvtier::bench

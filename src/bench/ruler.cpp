@@ -90,22 +90,109 @@ Composed fit_size(int64_t lo, int64_t hi, int64_t target, const CountTokens& cou
   return best;
 }
 
+// Prompt templates of a task family. Placeholders: {type} (NIAH value
+// kind), {key}, {value}, {query}, {n} (count), {a} {b} (VT variables).
+struct Templates {
+  std::string head, needle, tail, prefix;
+};
+
+// Index 0: RULER's own wording; then the train paraphrases; then the held-out ones.
+struct Family {
+  std::vector<Templates> ruler_and_train, heldout;
+};
+
+const Family& templates(const std::string& family) {
+  static const Family niah{
+      {{"Some special magic {type} are hidden within the following text. Make sure to memorize it. I will quiz you "
+        "about the {type} afterwards.\n",
+        " One of the special magic {type} for {key} is: {value}. ",
+        "\nWhat are all the special magic {type} for {query} mentioned in the provided text?",
+        " The special magic {type} for {query} mentioned in the provided text are"},
+       {"A few secret {type} are buried in the text below, each tied to a key. Remember them; questions follow.\n",
+        " The secret {type} for {key} include {value}. ", "\nList every secret {type} tied to {query}.",
+        " The secret {type} tied to {query} are"},
+       {"Read the text and keep track of the hidden {type} attached to special keys.\n",
+        " Hidden entry, key {key}: {value}. ", "\nWhich hidden {type} are attached to {query}?",
+        " The hidden {type} attached to {query} are"}},
+      {{"This document carries labelled {type} among ordinary prose. Keep an eye out for them.\n",
+        " (Label {key} holds {value}.) ", "\nReport the {type} held by label {query}.",
+        " Label {query} holds these {type}:"},
+       {"Within the pages below, certain keys have been assigned {type}. You will need them later.\n",
+        " Assigned to {key}: {value}. ", "\nWhat has been assigned to {query}?", " Assigned to {query}:"}}};
+  static const Family vt{
+      {{"Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n", " VAR {a} = {b}.",
+        "\nQuestion: Find all variables that are assigned the value {value} in the text above.",
+        " Answer: According to the chain(s) of variable assignment in the text above, {n} variables are assgined the "
+        "value {value}, they are: "},
+       {"Track the variable assignments in the text below.\n\n", " VAR {a} = {b}.",
+        "\nQuestion: Which variables end up holding the value {value}?",
+        " Answer: The {n} variables holding {value} are: "}},
+      {{"The noise below hides a chain of assignments between variables.\n\n", " set {a} to {b}.",
+        "\nQuestion: Name each variable whose value is ultimately {value}.", " Answer: Those variables are: "}}};
+  static const Family cwe{
+      {{"Below is a numbered list of words. In these words, some appear more often than others. Memorize the ones "
+        "that appear most often.\n",
+        "", "\nQuestion: What are the 10 most common words in the above list?",
+        " Answer: The top 10 words that appear most often in the list are:"},
+       {"Count the words in the numbered list below; a few of them repeat far more than the rest.\n", "",
+        "\nQuestion: Which 10 words occur most frequently?", " Answer: The 10 most frequent words are:"}},
+      {{"Here is a long enumeration of words, some of them recurring.\n", "",
+        "\nQuestion: Give the ten words with the highest counts.", " Answer: The ten words with the highest counts:"}}};
+  static const Family fwe{
+      {{"Read the following coded text and track the frequency of each coded word. Find the three most frequently "
+        "appeared coded words. ",
+        "",
+        "\nQuestion: Do not provide any explanation. Please ignore the dots '....'. What are the three most "
+        "frequently appeared words in the above coded text?",
+        " Answer: According to the coded text above, the three most frequently appeared words are:"},
+       {"The coded text below repeats some words more often than others. ", "",
+        "\nQuestion: Ignoring the dots '....', which three coded words appear most often?",
+        " Answer: The three most common coded words are:"}},
+      {{"Tally the made-up words in this stream. ", "",
+        "\nQuestion: Disregard the '....' markers. Which three made-up words occur the most?",
+        " Answer: The top three are:"}}};
+  if (family == "niah") return niah;
+  if (family == "vt") return vt;
+  if (family == "cwe") return cwe;
+  return fwe;
+}
+
+// RULER's own templates, a train paraphrase (RULER's among them) or a held-out one.
+const Templates& pick_templates(const std::string& family, std::optional<Split> wording, Rng& r) {
+  const Family& f = templates(family);
+  if (!wording) return f.ruler_and_train[0];
+  return *wording == Split::train ? r.pick(f.ruler_and_train) : r.pick(f.heldout);
+}
+
+std::string fill_templates(std::string t, const std::vector<std::pair<std::string, std::string>>& values) {
+  for (const auto& [k, v] : values) t = replace_all(t, k, v);
+  return t;
+}
+
 }  // namespace
 
 BenchSample make_ruler_sample(const std::string& task, const Strings& essays, int64_t target_tokens, uint64_t seed,
-                              int64_t index, const CountTokens& count_tokens) {
+                              int64_t index, const CountTokens& count_tokens, std::optional<Split> wording) {
   KVT_CHECK(is_ruler_task(task), "unknown RULER task '{}'", task);
   KVT_CHECK(!essays.empty(), "RULER generator: no haystack texts");
-  Rng r(sample_seed(seed, static_cast<uint64_t>(index), "ruler/" + task));
+  const std::string salt = wording ? std::string("/") + split_name(*wording) : "";
+  Rng r(sample_seed(seed, static_cast<uint64_t>(index), "ruler/" + task + salt));
   BenchSample s;
   s.task = task;
-  s.id = task + "-" + std::to_string(target_tokens) + "-s" + std::to_string(seed) + "-" + std::to_string(index);
+  s.id = task + "-" + std::to_string(target_tokens) + "-s" + std::to_string(seed) + "-" + std::to_string(index) +
+         (wording ? std::string("-") + split_name(*wording) : "");
+  // The train and held-out splits use the even and odd essays.
+  Strings half;
+  if (wording)
+    for (size_t i = *wording == Split::train ? 0 : 1; i < essays.size(); i += 2) half.push_back(essays[i]);
+  const Strings& texts = half.empty() ? essays : half;
+  const bool heldout = wording == Split::heldout;
   Strings outputs;
   std::string metric = "all";
   Composed c;
 
   if (task.rfind("niah", 0) == 0) {
-    const Strings vocab = vocabulary(essays);
+    const Strings vocab = vocabulary(texts);
     const size_t n_keys = task == "niah_single" || task == "niah_multivalue" ? 1 : 4;
     const size_t n_values = task == "niah_multivalue" ? 4 : 1;
     const Strings words = distinct_words(r, vocab, 2 * n_keys);
@@ -115,13 +202,13 @@ BenchSample make_ruler_sample(const std::string& task, const Strings& essays, in
       std::string key, value;
     };
     std::vector<NeedleKV> needles;
-    std::set<int64_t> used_values;
+    std::set<std::string> used_values;
     for (size_t k = 0; k < n_keys; ++k) {
       for (size_t v = 0; v < n_values; ++v) {
-        int64_t x;
-        do x = r.range(1000000, 9999999);
+        std::string x;  // RULER's 7-digit numbers; held out: codes
+        do x = heldout ? record_code(Split::heldout, r) : std::to_string(r.range(1000000, 9999999));
         while (!used_values.insert(x).second);
-        needles.push_back({keys[k], std::to_string(x)});
+        needles.push_back({keys[k], x});
       }
     }
     // Which keys are asked: the first (single, multikey: the others distract), all (multiquery).
@@ -134,22 +221,22 @@ BenchSample make_ruler_sample(const std::string& task, const Strings& essays, in
       Strings head(asked.begin(), asked.end() - 1);
       query = join(head, ", ") + ", and " + asked.back();
     }
-    const std::string type = "numbers";
+    const std::string type = heldout ? "codes" : "numbers";
+    const Templates& t = pick_templates("niah", wording, r);
     ComposeRequest req;
-    req.head = "Some special magic " + type + " are hidden within the following text. Make sure to memorize it. "
-               "I will quiz you about the " + type + " afterwards.\n";
-    req.tail = "\nWhat are all the special magic " + type + " for " + query + " mentioned in the provided text?";
+    req.head = fill_templates(t.head, {{"{type}", type}});
+    req.tail = fill_templates(t.tail, {{"{type}", type}, {"{query}", query}});
     r.shuffle(needles);
     for (const auto& n : needles)
-      req.items.push_back({r.uniform(), " One of the special magic " + type + " for " + n.key + " is: " + n.value + ". "});
+      req.items.push_back({r.uniform(), fill_templates(t.needle, {{"{type}", type}, {"{key}", n.key}, {"{value}", n.value}})});
     std::stable_sort(req.items.begin(), req.items.end(),
                      [](const PlacedItem& a, const PlacedItem& b) { return a.depth < b.depth; });
     size_t at = 0, sentence = 0;
     Strings sentences;
-    req.next_filler = essay_filler(essays, r, &at, &sentence, &sentences);
+    req.next_filler = essay_filler(texts, r, &at, &sentence, &sentences);
     req.target_tokens = target_tokens;
     c = compose(req, count_tokens);
-    s.answer_prefix = " The special magic " + type + " for " + query + " mentioned in the provided text are";
+    s.answer_prefix = fill_templates(t.prefix, {{"{type}", type}, {"{query}", query}});
   } else if (task == "vt") {
     constexpr int k_n_hops = 4;
     std::set<std::string> names;
@@ -161,30 +248,30 @@ BenchSample make_ruler_sample(const std::string& task, const Strings& essays, in
     Strings vars(names.begin(), names.end());
     r.shuffle(vars);
     const std::string value = std::to_string(r.range(10000, 99999));
+    const Templates& t = pick_templates("vt", wording, r);
     ComposeRequest req;
-    req.head = "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n";
-    req.tail = "\nQuestion: Find all variables that are assigned the value " + value + " in the text above.";
+    req.head = t.head;
+    req.tail = fill_templates(t.tail, {{"{value}", value}});
     std::vector<double> depths(vars.size());
     for (auto& d : depths) d = r.uniform();
     std::sort(depths.begin(), depths.end());
     for (size_t i = 0; i < vars.size(); ++i) {
-      const std::string rhs = i == 0 ? value : "VAR " + vars[i - 1];
-      req.items.push_back({depths[i], " VAR " + vars[i] + " = " + rhs + "."});
+      const std::string rhs = i == 0 ? value : (heldout ? "" : "VAR ") + vars[i - 1];
+      req.items.push_back({depths[i], fill_templates(t.needle, {{"{a}", vars[i]}, {"{b}", rhs}})});
     }
     // RULER's noise haystack.
     req.next_filler = [] { return std::string("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "); };
     req.target_tokens = target_tokens;
     c = compose(req, count_tokens);
     outputs = vars;
-    s.answer_prefix = " Answer: According to the chain(s) of variable assignment in the text above, " +
-                      std::to_string(vars.size()) + " variables are assgined the value " + value + ", they are: ";
+    s.answer_prefix = fill_templates(t.prefix, {{"{n}", std::to_string(vars.size())}, {"{value}", value}});
   } else if (task == "cwe") {
     constexpr int k_n_common = 10;
     // RULER repeats the common words 30 times and the others 3 times; short
     // prompts get fewer repetitions so that the common words still fit.
     const int freq_common = static_cast<int>(std::clamp<int64_t>(target_tokens / 400, 6, 30));
     constexpr int k_freq_rare = 3;
-    const Strings vocab = vocabulary(essays);
+    const Strings vocab = vocabulary(texts);
     const Strings common = distinct_words(r, vocab, k_n_common);
     std::set<std::string> common_set(common.begin(), common.end());
     Strings rare_pool;
@@ -192,6 +279,7 @@ BenchSample make_ruler_sample(const std::string& task, const Strings& essays, in
       if (!common_set.count(w)) rare_pool.push_back(w);
     r.shuffle(rare_pool);
     const uint64_t order_seed = r.next();
+    const Templates& t = pick_templates("cwe", wording, r);
     auto build = [&](int64_t n_rare) {
       Strings words;
       for (const auto& w : common)
@@ -200,15 +288,13 @@ BenchSample make_ruler_sample(const std::string& task, const Strings& essays, in
         for (int k = 0; k < k_freq_rare; ++k) words.push_back(rare_pool[static_cast<size_t>(i)]);
       Rng o(order_seed);
       o.shuffle(words);
-      std::string t = "Below is a numbered list of words. In these words, some appear more often than others. "
-                      "Memorize the ones that appear most often.\n";
-      for (size_t i = 0; i < words.size(); ++i) t += std::to_string(i + 1) + ". " + words[i] + " ";
-      t += "\nQuestion: What are the 10 most common words in the above list?";
-      return t;
+      std::string text = t.head;
+      for (size_t i = 0; i < words.size(); ++i) text += std::to_string(i + 1) + ". " + words[i] + " ";
+      return text + t.tail;
     };
     c = fit_size(0, static_cast<int64_t>(rare_pool.size()), target_tokens, count_tokens, build);
     outputs = common;
-    s.answer_prefix = " Answer: The top 10 words that appear most often in the list are:";
+    s.answer_prefix = t.prefix;
   } else {  // fwe
     constexpr int k_vocab = 200;
     Strings coded;
@@ -219,6 +305,7 @@ BenchSample make_ruler_sample(const std::string& task, const Strings& essays, in
       if (seen.insert(w).second) coded.push_back(w);
     }
     const uint64_t order_seed = r.next();
+    const Templates& t = pick_templates("fwe", wording, r);
     // Zipf (alpha 2) frequencies, made exact so that the top three never tie.
     auto build = [&](int64_t n_words) {
       double h = 0;
@@ -230,16 +317,13 @@ BenchSample make_ruler_sample(const std::string& task, const Strings& essays, in
       }
       Rng o(order_seed);
       o.shuffle(words);
-      std::string t = "Read the following coded text and track the frequency of each coded word. Find the three "
-                      "most frequently appeared coded words. ";
-      for (size_t i = 0; i < words.size(); ++i) t += words[i] + (i % 20 == 19 ? " .... " : " ");
-      t += "\nQuestion: Do not provide any explanation. Please ignore the dots '....'. What are the three most "
-           "frequently appeared words in the above coded text?";
-      return t;
+      std::string text = t.head;
+      for (size_t i = 0; i < words.size(); ++i) text += words[i] + (i % 20 == 19 ? " .... " : " ");
+      return text + t.tail;
     };
     c = fit_size(60, target_tokens, target_tokens, count_tokens, build);
     outputs = {coded[0], coded[1], coded[2]};
-    s.answer_prefix = " Answer: According to the coded text above, the three most frequently appeared words are:";
+    s.answer_prefix = t.prefix;
   }
   s.prompt = std::move(c.text);
   s.n_tokens = c.n_tokens;

@@ -4,6 +4,7 @@
 #include "bench/jsonl.h"
 #include "bench/longproc.h"
 #include "bench/longproc_score.h"
+#include "bench/needle_gen.h"
 #include "bench/needlebench.h"
 #include "bench/ruler.h"
 #include "bench/text2json_gen.h"
@@ -15,14 +16,28 @@ namespace kvtier::bench {
 using nlohmann::json;
 
 std::vector<std::string> task_names() {
-  std::vector<std::string> t = {"text2json", "text2json-gen", "multineedle", "longproc-0.5k", "longproc-2k"};
+  std::vector<std::string> t = {"text2json",     "text2json-gen", "multineedle", "multineedle-gen",
+                                "longproc-0.5k", "longproc-2k"};
   t.insert(t.end(), k_ruler_tasks.begin(), k_ruler_tasks.end());
   return t;
 }
 
-std::string score_family(const std::string& task) {
+TaskName parse_task_name(const std::string& task) {
+  TaskName t{task, std::nullopt};
+  const size_t colon = task.rfind(':');
+  if (colon == std::string::npos) return t;
+  t.base = task.substr(0, colon);
+  t.split = parse_split(task.substr(colon + 1));
+  KVT_CHECK(t.base == "text2json-gen" || t.base == "multineedle-gen" || is_ruler_task(t.base),
+            "task '{}': only the generated tasks (text2json-gen, multineedle-gen, RULER-style) take a split suffix",
+            task);
+  return t;
+}
+
+std::string score_family(const std::string& full_task) {
+  const std::string task = parse_task_name(full_task).base;
   if (task == "text2json" || task == "text2json-gen") return "text2json";
-  if (task == "multineedle") return "multineedle";
+  if (task == "multineedle" || task == "multineedle-gen") return "multineedle";
   if (task == "longproc" || task.rfind("longproc-", 0) == 0) return "longproc";
   if (task == "ruler" || is_ruler_task(task)) return "ruler";
   fail("unknown task '{}' (expected one of: {})", task, join(task_names(), ", "));
@@ -52,10 +67,11 @@ std::vector<BenchSample> load_text2json_file(const std::string& path) {
   return out;
 }
 
-std::vector<BenchSample> make_samples(const std::string& task, int64_t ctx_tokens, int64_t n, uint64_t seed,
+std::vector<BenchSample> make_samples(const std::string& full_task, int64_t ctx_tokens, int64_t n, uint64_t seed,
                                       const TaskSource& src) {
   KVT_CHECK(n > 0, "number of samples must be positive, got {}", n);
-  const std::string family = score_family(task);
+  const std::string family = score_family(full_task);
+  const auto [task, split] = parse_task_name(full_task);
   std::vector<BenchSample> out;
   if (task == "text2json") {
     KVT_CHECK(!src.text2json_file.empty(), "task text2json needs the official file (--text2json-file); "
@@ -83,11 +99,15 @@ std::vector<BenchSample> make_samples(const std::string& task, int64_t ctx_token
       o.target_tokens = ctx_tokens;
       o.seed = seed;
       o.index = i;
+      o.split = split.value_or(Split::train);
       out.push_back(make_text2json_sample(o, nb.essays, src.count_tokens));
     } else if (task == "multineedle") {
       out.push_back(make_multineedle_sample(nb, ctx_tokens, seed, i, src.count_tokens));
+    } else if (task == "multineedle-gen") {
+      out.push_back(make_generated_needle_sample(nb.essays, ctx_tokens, seed, i, split.value_or(Split::train),
+                                                 src.count_tokens));
     } else {
-      out.push_back(make_ruler_sample(task, nb.essays, ctx_tokens, seed, i, src.count_tokens));
+      out.push_back(make_ruler_sample(task, nb.essays, ctx_tokens, seed, i, src.count_tokens, split));
     }
   }
   return out;

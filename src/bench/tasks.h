@@ -4,12 +4,14 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "bench/bench_sample.h"
 #include "bench/compose.h"
+#include "bench/value_gen.h"
 
 namespace kvtier::bench {
 
@@ -17,9 +19,23 @@ namespace kvtier::bench {
 //   text2json       the official file (--text2json-file), ctx ignored
 //   text2json-gen   generated Text2JSON-style samples of ctx tokens
 //   multineedle     NeedleBench v2 multi-retrieval of ctx tokens
+//   multineedle-gen MultiNeedle-style with generated needles (needle_gen.h)
 //   longproc-0.5k, longproc-2k   LongProc HTML->TSV (ctx ignored)
 //   niah_single, niah_multikey, niah_multivalue, niah_multiquery, vt, cwe, fwe   RULER-style
+// The generated tasks (text2json-gen, multineedle-gen, RULER-style) take a
+// split suffix: ":train" (the training distribution; text2json-gen and
+// multineedle-gen without a suffix are the same) or ":heldout" (domains,
+// wordings, value shapes and essays that training never sees). RULER-style
+// tasks without a suffix keep RULER's own templates.
 std::vector<std::string> task_names();
+
+struct TaskName {
+  std::string base;            // without the split suffix
+  std::optional<Split> split;  // none: no suffix
+};
+// Splits off a ":train" / ":heldout" suffix; throws for a suffix on a task
+// that has no splits, or an unknown one.
+TaskName parse_task_name(const std::string& task);
 
 // The scorer a task uses: text2json, multineedle, longproc or ruler.
 std::string score_family(const std::string& task);

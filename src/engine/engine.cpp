@@ -439,4 +439,47 @@ std::vector<float> Engine::logits(const std::vector<int32_t>& tokens, const std:
   return out;
 }
 
+KvMemory Engine::teacher_force(const std::vector<int32_t>& prompt, const std::vector<int32_t>& answer,
+                               const std::string& kv_policy,
+                               const std::function<void(int64_t i, const float* logits)>& on_logits) {
+  KVT_CHECK(!answer.empty(), "teacher forcing: the answer is empty");
+  const int n_vocab = impl_->model->config().n_vocab;
+  for (int32_t t : answer)
+    KVT_CHECK(t >= 0 && t < n_vocab, "answer token id {} outside the vocabulary [0, {})", t, n_vocab);
+  const int64_t n_prompt = int64_t(prompt.size()), n_answer = int64_t(answer.size());
+  if (n_prompt + n_answer > impl_->max_context)
+    throw LimitError(fmt::format("prompt of {} tokens and answer of {} do not fit the context of {} tokens", n_prompt,
+                                 n_answer, impl_->max_context));
+  SamplingParams sampling;
+  sampling.max_new_tokens = int(n_answer);
+  sampling.ignore_eos = true;
+  // start() checks the prompt and the host budget and builds the KV store and
+  // the forward state exactly as for a generation.
+  auto seq = start(prompt, sampling, kv_policy);
+  Sequence::State& s = *seq->s_;
+  const int chunk = impl_->options.prefill_chunk;
+  for (int64_t i = 0; i < n_prompt; i += chunk) {
+    const int n_tok = int(std::min<int64_t>(chunk, n_prompt - i));
+    const bool last = i + n_tok == n_prompt;
+    forward(*impl_, s.gpu.get(), s.scratch, &s.prompt[size_t(i)], n_tok, i, *s.kv, last ? 1 : 0, s.logits.data());
+  }
+  s.kv->start_decode();
+  on_logits(0, s.logits.data());
+  for (int64_t i = 1; i < n_answer; ++i) {
+    forward(*impl_, s.gpu.get(), s.scratch, &answer[size_t(i - 1)], 1, n_prompt + i - 1, *s.kv, 1, s.logits.data());
+    on_logits(i, s.logits.data());
+  }
+  return kvtier::kv_memory(s);
+}
+
+std::vector<float> Engine::teacher_forced_logits(const std::vector<int32_t>& prompt,
+                                                 const std::vector<int32_t>& answer, const std::string& kv_policy) {
+  const size_t n_vocab = size_t(impl_->model->config().n_vocab);
+  std::vector<float> out(answer.size() * n_vocab);  // [n_answer, n_vocab]
+  teacher_force(prompt, answer, kv_policy, [&](int64_t i, const float* logits) {
+    std::copy(logits, logits + n_vocab, out.begin() + i * int64_t(n_vocab));
+  });
+  return out;
+}
+
 }  // namespace kvtier

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "core/status.h"
 #include "kv/dense_kv.h"
@@ -54,6 +55,46 @@ void exact_scores(const KvGeometry& g, const float* q, float scale, const float*
 }
 
 }  // namespace
+
+AttentionStats sum_attention(const AttentionStats* by_head, int n_head) {
+  AttentionStats t;
+  for (int h = 0; h < n_head; ++h) {
+    t.entropy += by_head[h].entropy;
+    t.norm_entropy += by_head[h].norm_entropy;
+    t.top_mass += by_head[h].top_mass;
+    t.n += by_head[h].n;
+  }
+  return t;
+}
+
+void accumulate_attention(const KvGeometry& g, const float* q, float scale, const float* k,
+                          int64_t n, double top_fraction, AttentionStats* by_head) {
+  KVT_CHECK(top_fraction > 0 && top_fraction <= 1, "attention statistics: top fraction {} outside (0, 1]",
+            top_fraction);
+  std::vector<float> raw(size_t(g.n_head) * n);
+  exact_scores(g, q, scale, k, n, raw.data());
+  const int64_t n_top = std::max<int64_t>(1, int64_t(std::ceil(top_fraction * double(n))));
+  std::vector<double> p(n);
+  for (int h = 0; h < g.n_head; ++h) {
+    const float* r = raw.data() + size_t(h) * n;
+    const float mx = *std::max_element(r, r + n);
+    double z = 0;
+    for (int64_t t = 0; t < n; ++t) z += p[t] = std::exp(double(r[t]) - mx);
+    double ent = 0;
+    for (int64_t t = 0; t < n; ++t) {
+      p[t] /= z;
+      if (p[t] > 0) ent -= p[t] * std::log(p[t]);
+    }
+    std::nth_element(p.begin(), p.begin() + (n_top - 1), p.end(), std::greater<double>());
+    double top = 0;
+    for (int64_t t = 0; t < n_top; ++t) top += p[t];
+    AttentionStats& s = by_head[h];
+    s.entropy += ent;
+    s.norm_entropy += n > 1 ? ent / std::log(double(n)) : 0.0;
+    s.top_mass += std::min(1.0, top);
+    s.n += 1;
+  }
+}
 
 void oracle_selection(const KvGeometry& g, const PolicyConfig& p, int64_t budget,
                       const float* q, float scale, const float* k, int64_t n_visible,
@@ -172,8 +213,9 @@ AnalysisKv::AnalysisKv(const std::string& policies, const KvGeometry& g, const D
     : g_(g), dense_plan_(plan_kv(parse_policy("full,kv=f32"), g, DeviceKind::cpu)) {
   KVT_CHECK(cpu.kind() == DeviceKind::cpu, "kv analysis runs on the CPU (--device cpu)");
   dense_ = make_kv_cache(dense_plan_, cpu);
+  attention_.assign(size_t(g.n_layer) * g.n_head, AttentionStats{});
   size_t start = 0;
-  while (start <= policies.size()) {
+  while (!policies.empty() && start <= policies.size()) {
     size_t bar = policies.find('|', start);
     std::string one = policies.substr(start, bar == std::string::npos ? std::string::npos : bar - start);
     KVT_CHECK(!one.empty(), "kv analysis '{}': empty policy between '|'", policies);
@@ -232,6 +274,7 @@ void AnalysisKv::attend(int layer, const void* q, int64_t q_stride, int n_tok, f
   const float* keys = static_cast<const float*>(static_cast<DenseKv&>(*dense_).keys(layer));
   std::vector<float> out_p(static_cast<size_t>(qs));
   Selection orc;
+  accumulate_attention(g_, qf, scale, keys, n, k_top_mass_fraction, attention_.data() + size_t(layer) * g_.n_head);
   for (size_t j = 0; j < stores_.size(); ++j) {
     auto& t = static_cast<TieredKv&>(*stores_[j]);
     t.attend(layer, q, q_stride, 1, scale, out_p.data());

@@ -9,7 +9,14 @@
 //   output error  ‖o_policy − o_dense‖ / ‖o_dense‖
 // Replaying every policy against one dense sequence (rather than letting each
 // decode its own text) keeps the inputs identical, so the numbers compare the
-// selections and nothing else.
+// selections and nothing else. "analyze:" alone measures only the attention
+// statistics below.
+//
+// Attention statistics of the dense attention itself, per layer and query
+// head at each decode query, tell how concentrated a model's attention is
+// (a test model should resemble a real LLM here):
+//   entropy       −Σ p log p (nats), and divided by log(n_visible) (1: uniform)
+//   top-3 % mass  Σ of the largest ⌈0.03·n_visible⌉ probabilities
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -33,6 +40,26 @@ struct HeadMetrics {
   double mean_mass_recall() const { return n ? mass_recall / double(n) : 0; }
   double mean_rel_error() const { return n ? rel_error / double(n) : 0; }
 };
+
+struct AttentionStats {
+  double entropy = 0;       // sums over decode queries
+  double norm_entropy = 0;
+  double top_mass = 0;
+  int64_t n = 0;
+  double mean_entropy() const { return n ? entropy / double(n) : 0; }
+  double mean_norm_entropy() const { return n ? norm_entropy / double(n) : 0; }
+  double mean_top_mass() const { return n ? top_mass / double(n) : 0; }
+};
+
+inline constexpr double k_top_mass_fraction = 0.03;
+
+// Sums of the attention statistics over a set of heads.
+AttentionStats sum_attention(const AttentionStats* by_head, int n_head);
+
+// Statistics of one decode query's dense attention. q: [n_head, head_dim];
+// k: [n_visible, n_kv_head, head_dim]. Adds into by_head[0..n_head).
+void accumulate_attention(const KvGeometry& g, const float* q, float scale, const float* k,
+                          int64_t n_visible, double top_fraction, AttentionStats* by_head);
 
 struct PolicyAnalysis {
   std::string policy;           // as given
@@ -75,6 +102,7 @@ class AnalysisKv final : public KvCache {
 
   const std::vector<PolicyAnalysis>& results() const { return results_; }
   int64_t n_decode_queries() const { return n_queries_; }
+  const std::vector<AttentionStats>& attention() const { return attention_; }  // [n_layer, n_head]
   // Per policy: its plan, its budget in tokens, its slot-cache statistics (the
   // share of host rows the previous query also fetched), and the distinct
   // tokens per (KV head, token) host row.
@@ -90,6 +118,7 @@ class AnalysisKv final : public KvCache {
   bool decoding_ = false;
   std::vector<std::unique_ptr<KvCache>> stores_;
   std::vector<PolicyAnalysis> results_;
+  std::vector<AttentionStats> attention_;
   std::vector<std::pair<int64_t, int64_t>> distinct_;  // distinct (token) vs (head, token) host rows
   int64_t n_queries_ = 0;
 };

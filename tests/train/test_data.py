@@ -20,20 +20,44 @@ DATA = os.path.join(ROOT, "data")
 IM_START, IM_END = 1, 2
 
 
-def job(step, stage, tokens=6000):
+def job(step, stage, tokens=6000, recipe="v1", split=""):
     s = D.SMOKE_STAGES[stage]
     return D.Job(step=step, stage=stage, row=s.row, lo=s.lo, hi=s.hi, tokens=tokens, seed=5, kvtier=KVTIER,
-                 tokenizer_dir=TOK, data=DATA)
+                 tokenizer_dir=TOK, data=DATA, recipe=recipe, split=split)
 
 
 @pytest.mark.parametrize("length", [D.STAGES[0].lo, D.STAGES[-1].hi])
 def test_every_task_generates_at_the_curriculum_extremes(tmp_path, length):
-    for task in D.MIX:
+    for task in D.MIX_V1:
         recs = D.gen(job(0, 0), task, 1, length, 123, str(tmp_path))
         assert len(recs) == 1, task
         p, a = recs[0]["prompt_ids"], recs[0]["answer_ids"]
         assert a[-1] == IM_END and len(a) >= 2, task
         assert len(p) + len(a) <= D.STAGES[-1].row, (task, len(p), len(a))
+
+
+@pytest.mark.parametrize("split", ["", "heldout"])
+@pytest.mark.parametrize("length", [D.STAGES_V2[0].lo, 12288])
+def test_v2_tasks_generate_in_both_splits(tmp_path, length, split):
+    """v2's mix draws each generator's train split; evaluation draws the held-out one."""
+    seen = set()
+    for task in D.MIX_V2:
+        j = job(0, 0, recipe="v2", split=split)
+        args = D.gen_args(j, task)
+        assert ("heldout" if split else "train") in args and ("--domain" in args) == (task == "text2json" and not split)
+        recs = D.gen(j, task, 1, length, 123, str(tmp_path))
+        assert len(recs) == 1, task
+        p, a = recs[0]["prompt_ids"], recs[0]["answer_ids"]
+        assert a[-1] == IM_END and len(a) >= 2, task
+        assert recs[0]["id"].endswith("heldout") == bool(split), recs[0]["id"]
+        seen.add(recs[0]["id"])
+    assert len(seen) == len(D.MIX_V2)
+
+
+def test_v2_curriculum_reaches_64k():
+    assert D.STAGES_V2[-1].hi == 65536 and D.STAGES_V2[-1].row >= 65536 + 2048
+    assert abs(sum(s.share for s in D.STAGES_V2) - 1.0) < 1e-9
+    assert all(a.hi <= b.hi for a, b in zip(D.STAGES_V2, D.STAGES_V2[1:]))
 
 
 def test_rows_and_weights():
