@@ -248,17 +248,8 @@ __global__ void __launch_bounds__(64) slot_decode_rows_kernel(FetchParams p, Dev
       dev_dequantize(g, rec, x);
     } else if (fr.key_first[s] >= 0 && t >= fr.key_first[s]) {
       dev_dequantize(g, rec + p.entry_bytes, x);
-    } else {  // K = RoPE(A[t] · B[:, head h]): the SVD's rebuild
-      const uint16_t* a = fr.svd_a[s] + t * p.rank;
-      const uint16_t* b = fr.svd_b[s] + int64_t(h) * D;
-      const int64_t W = int64_t(p.n_kv_head) * D;
-      for (int d = 0; d < D; ++d) x[d] = 0.f;
-      for (int q = 0; q < p.rank; ++q) {
-        const float c = __bfloat162float(__ushort_as_bfloat16(a[q]));
-        const uint16_t* bq = b + q * W;
-        for (int d = 0; d < D; ++d) x[d] += c * __bfloat162float(__ushort_as_bfloat16(bq[d]));
-      }
-      rope_key(x, D, t, p.inv_freq, p.interleaved);
+    } else {
+      return;  // a prompt key: svd_rebuild_kernel rebuilds it
     }
   } else if (p.layer_wide) {
     dev_dequantize(g, rec + int64_t(which) * f.bytes, x);
@@ -269,6 +260,50 @@ __global__ void __launch_bounds__(64) slot_decode_rows_kernel(FetchParams p, Dev
   if (which == 0 && p.keys_prerope) rope_key(val, D, t, p.inv_freq, p.interleaved);
   auto* dst = reinterpret_cast<__nv_bfloat16*>(fr.slots[r] + int64_t(ts.y) * p.slot_bytes) + int64_t(which) * D;
   for (int d = 0; d < D; ++d) dst[d] = __float2bfloat16_rn(val[d]);
+}
+
+// ShadowKV's prompt-key misses, K = RoPE(A[t] · B[:, head h]) (the SVD's
+// rebuild), a block per (row, miss) and a thread per dimension: B's rows are
+// read coalesced and A[t] from shared memory, the sum over the rank in the
+// same order as a lone thread would; then RoPE by pairs in shared memory.
+__global__ void __launch_bounds__(1024) svd_rebuild_kernel(FetchParams p, FetchRows fr, Scratch sc) {
+  extern __shared__ float smem[];  // [rank] A[t], [head_dim] the key
+  const int64_t r = blockIdx.y;
+  const int s = int(r / p.n_kv_head), h = int(r % p.n_kv_head), D = p.head_dim, d = int(threadIdx.x);
+  const int64_t W = int64_t(p.n_kv_head) * D;
+  float* a_s = smem;
+  float* k_s = smem + p.rank;
+  const int n_miss = sc.miss_count[r];
+  const int64_t key_first = fr.key_first[s];
+  for (int m = int(blockIdx.x); m < n_miss; m += int(gridDim.x)) {
+    const int64_t t = sc.miss_list[r * p.kmax + m].x;
+    const int slot = sc.miss_list[r * p.kmax + m].y;
+    if (key_first >= 0 && t >= key_first) continue;  // a decode key, stored whole (the same for the block)
+    const uint16_t* a = fr.svd_a[s] + t * p.rank;
+    for (int q = d; q < p.rank; q += int(blockDim.x)) a_s[q] = __bfloat162float(__ushort_as_bfloat16(a[q]));
+    __syncthreads();
+    if (d < D) {
+      const uint16_t* b = fr.svd_b[s] + int64_t(h) * D + d;
+      float acc = 0.f;
+      for (int q = 0; q < p.rank; ++q) acc += a_s[q] * __bfloat162float(__ushort_as_bfloat16(b[q * W]));
+      k_s[d] = acc;
+    }
+    __syncthreads();
+    for (int pass = 0; pass < (p.keys_prerope ? 2 : 1); ++pass) {  // as slot_decode_rows_kernel's K path
+      if (d < D / 2) {
+        double sn, cs;
+        sincos(double(t) * p.inv_freq[d], &sn, &cs);  // the angle in f64, as the CPU's Rope
+        const float c = float(cs), sf = float(sn);
+        const int i0 = p.interleaved ? 2 * d : d, i1 = p.interleaved ? 2 * d + 1 : d + D / 2;
+        const float x0 = k_s[i0], x1 = k_s[i1];
+        k_s[i0] = x0 * c - x1 * sf;
+        k_s[i1] = x0 * sf + x1 * c;
+      }
+      __syncthreads();
+    }
+    if (d < D) reinterpret_cast<__nv_bfloat16*>(fr.slots[r] + int64_t(slot) * p.slot_bytes)[d] = __float2bfloat16_rn(k_s[d]);
+    __syncthreads();
+  }
 }
 
 }  // namespace
@@ -312,6 +347,16 @@ void fetch_rows(const Exec& x, const FetchParams& p, const int32_t* sel, const F
   if (p.fmt.dim <= 256) slot_decode_rows_kernel<256><<<grid, 64, 0, st(x)>>>(p, f, r, sc);
   else slot_decode_rows_kernel<kMaxDim><<<grid, 64, 0, st(x)>>>(p, f, r, sc);
   KVT_CUDA_LAUNCH_CHECK("slot_decode_rows_kernel");
+  if (p.values_only) {
+    KVT_CHECK(p.head_dim % 2 == 0 && p.head_dim <= 1024 && p.rank > 0, "fetch_rows: SVD rebuild of head_dim {} rank {}",
+              p.head_dim, p.rank);
+    const unsigned threads = unsigned((p.head_dim + 31) / 32 * 32);
+    const size_t smem = size_t(p.rank + p.head_dim) * sizeof(float);
+    const dim3 g2{unsigned(std::min<int64_t>(p.kmax, std::max<int64_t>(1, int64_t(device_info().n_sm) * 16 / rows))),
+                  unsigned(rows)};
+    svd_rebuild_kernel<<<g2, threads, smem, st(x)>>>(p, r, sc);
+    KVT_CUDA_LAUNCH_CHECK("svd_rebuild_kernel");
+  }
 }
 
 }  // namespace kvtier::cuda
