@@ -2,6 +2,8 @@
 // config only, no weights read) or a built-in shape, per token and for a context.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "command.h"
@@ -17,14 +19,35 @@ struct MemoryArgs {
   std::string shape;
   std::vector<std::string> kv = {"full", "shadowkv", "yakv", "oracle"};
   int64_t ctx = 131072;
+  double gpu_mem_gib = 139.0;  // the H200's usable memory
 };
 
-// Attention shapes of models the paper measures (Hugging Face configs).
-const std::map<std::string, KvGeometry>& shapes() {
-  static const std::map<std::string, KvGeometry> m = {
-      {"llama3.1-8b", {32, 32, 8, 128}},   {"llama3.2-3b", {28, 24, 8, 128}},
-      {"qwen3-4b", {36, 32, 8, 128}},      {"qwen3-30b-a3b", {48, 32, 4, 128}},
-      {"smollm2-135m", {30, 9, 3, 64}},
+ModelConfig shape(int n_layer, int n_embd, int n_head, int n_kv_head, int head_dim, int n_ff, int n_vocab, bool tied,
+                  int n_expert = 0, int n_expert_used = 0, int n_ff_expert = 0) {
+  ModelConfig c;
+  c.n_layer = n_layer;
+  c.n_embd = n_embd;
+  c.n_head = n_head;
+  c.n_kv_head = n_kv_head;
+  c.head_dim = head_dim;
+  c.n_ff = n_ff;
+  c.n_vocab = n_vocab;
+  c.tied_embeddings = tied;
+  c.qk_norm = n_vocab == 151936;  // the Qwen3 shapes
+  c.n_expert = n_expert;
+  c.n_expert_used = n_expert_used;
+  c.n_ff_expert = n_ff_expert;
+  return c;
+}
+
+// Shapes of models the paper measures (their Hugging Face configs).
+const std::map<std::string, ModelConfig>& shapes() {
+  static const std::map<std::string, ModelConfig> m = {
+      {"llama3.1-8b", shape(32, 4096, 32, 8, 128, 14336, 128256, false)},
+      {"llama3.2-3b", shape(28, 3072, 24, 8, 128, 8192, 128256, true)},
+      {"qwen3-4b", shape(36, 2560, 32, 8, 128, 9728, 151936, true)},
+      {"qwen3-30b-a3b", shape(48, 2048, 32, 4, 128, 6144, 151936, false, 128, 8, 768)},
+      {"smollm2-135m", shape(30, 576, 9, 3, 64, 1536, 49152, true)},
   };
   return m;
 }
@@ -41,7 +64,7 @@ std::string human(double b) {
 
 void run_memory(const MemoryArgs& a) {
   KVT_CHECK(a.model.empty() != a.shape.empty(), "give --model or --shape (one of them)");
-  KvGeometry g;
+  ModelConfig c;
   std::string what;
   if (!a.shape.empty()) {
     auto it = shapes().find(a.shape);
@@ -50,25 +73,34 @@ void run_memory(const MemoryArgs& a) {
       for (const auto& [k, v] : shapes()) names += (names.empty() ? "" : ", ") + k;
       fail("unknown --shape '{}' (known: {})", a.shape, names);
     }
-    g = it->second;
+    c = it->second;
     what = a.shape;
   } else {
-    ModelSource src = open_model_source(a.model);
-    const ModelConfig& c = src.config;
-    g = KvGeometry{c.n_layer, c.n_head, c.n_kv_head, c.head_dim};
+    c = open_model_source(a.model).config;
     what = a.model;
   }
+  const KvGeometry g{c.n_layer, c.n_head, c.n_kv_head, c.head_dim};
   KVT_CHECK(a.ctx >= 0, "--ctx {} must be ≥ 0", a.ctx);
+  KVT_CHECK(a.gpu_mem_gib > 0, "--gpu-mem {} must be positive (GiB)", a.gpu_mem_gib);
   fmt::print("{}: {} layers, {} query heads, {} KV heads, head dim {}; context {} tokens\n", what,
              g.n_layer, g.n_head, g.n_kv_head, g.head_dim, a.ctx);
-  fmt::print("{:<44} {:>12} {:>12} {:>12} {:>12} {:>12}\n", "policy", "GPU B/tok", "host B/tok",
-             "GPU fixed", "GPU total", "host total");
+  // The GPU keeps every weight in bf16 (kvtier --device cuda).
+  const double weights = 2.0 * double(c.n_weights()), gpu = a.gpu_mem_gib * double(1 << 30);
+  if (c.is_moe())
+    fmt::print("mixture of experts: {} experts of width {}, {} used per token\n", c.n_expert, c.n_ff_expert,
+               c.n_expert_used);
+  fmt::print("weights: {:.2f} B parameters, {} in bf16 ({:.1f} GB); GPU {} (--gpu-mem) leaves {} for KV\n",
+             double(c.n_weights()) / 1e9, human(weights), weights / 1e9, human(gpu), human(std::max(0.0, gpu - weights)));
+  fmt::print("{:<44} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10}\n", "policy", "GPU B/tok", "host B/tok",
+             "GPU fixed", "GPU total", "host total", "seqs/GPU");
   for (const std::string& pol : a.kv) {
     PolicyConfig p = parse_policy(pol);
     KvFootprint f = kv_footprint(p, g, a.ctx);
-    fmt::print("{:<44} {:>12.1f} {:>12.1f} {:>12} {:>12} {:>12}\n", pol, f.gpu_bytes_per_token,
+    // Sequences of this context whose GPU tier fits next to the weights.
+    const double fit = f.gpu_bytes > 0 ? std::floor(std::max(0.0, gpu - weights) / double(f.gpu_bytes)) : 0;
+    fmt::print("{:<44} {:>12.1f} {:>12.1f} {:>12} {:>12} {:>12} {:>10.0f}\n", pol, f.gpu_bytes_per_token,
                f.host_bytes_per_token, human(double(f.gpu_fixed_bytes)), human(double(f.gpu_bytes)),
-               human(double(f.host_bytes)));
+               human(double(f.host_bytes)), fit);
     fmt::print("  = {}\n", to_string(p));
   }
 }
@@ -82,6 +114,8 @@ Registration reg(60, [](CLI::App& app) {
                   "built-in shape: llama3.1-8b, llama3.2-3b, qwen3-4b, qwen3-30b-a3b, smollm2-135m");
   add_kv_list_option(*cmd, a->kv);
   cmd->add_option("-c,--ctx", a->ctx, "context length in tokens")->capture_default_str();
+  cmd->add_option("--gpu-mem", a->gpu_mem_gib, "GPU memory in GiB, for the sequences that fit next to the weights")
+      ->capture_default_str();
   cmd->callback([a] { run_memory(*a); });
 });
 
