@@ -26,6 +26,7 @@
 #include "ops/dequant/dequant.h"
 #include "ops/flash_prefill/flash_prefill_cuda.h"
 #include "ops/gemm/gemm_cuda.h"
+#include "ops/moe/moe_cuda.h"
 #include "ops/rmsnorm/rmsnorm_cuda.h"
 #include "ops/rope/rope.h"
 #include "ops/rope/rope_cuda.h"
@@ -59,6 +60,21 @@ std::vector<uint16_t> to_bf16(const TensorRef& t, int64_t n_rows, int64_t n_cols
   return out;
 }
 
+// A weight view (any dequantizable type) appended to `out` as bf16 bits.
+void append_bf16(const WeightView& w, std::vector<uint16_t>& out) {
+  KVT_CHECK(dequant_supported(w.type), "type {} cannot be dequantized for the GPU", ggml_type_name(w.type));
+  const size_t base = out.size();
+  out.resize(base + size_t(w.n_out * w.n_in));
+  default_pool().parallel_for(w.n_out, 8, [&](int64_t r0, int64_t r1, int) {
+    std::vector<float> row(static_cast<size_t>(w.n_in));  // [n_in] f32
+    for (int64_t r = r0; r < r1; ++r) {
+      dequantize_row(w.type, w.row(r), row.data(), w.n_in);
+      uint16_t* dst = &out[base + size_t(r * w.n_in)];
+      for (int64_t i = 0; i < w.n_in; ++i) dst[i] = f32_to_bf16(row[size_t(i)]);
+    }
+  });
+}
+
 std::vector<float> to_f32(const TensorRef& t, int64_t n) {
   KVT_CHECK(t.n_elements() == n, "{}: {} values, expected {}", t.source, t.n_elements(), n);
   std::vector<float> v(static_cast<size_t>(n));
@@ -81,7 +97,36 @@ struct GpuLayer {
   DeviceBuffer q_norm, k_norm;       // [head_dim] bf16 or empty (Qwen3)
   DeviceBuffer w_gate_up;            // [2 * n_ff, n_embd] bf16: gate rows, then up rows
   DeviceBuffer w_down;               // [n_embd, n_ff] bf16
+  // MoE layers instead of w_gate_up / w_down (ops/moe/moe_cuda.h):
+  DeviceBuffer moe_router;   // [n_expert, n_embd] bf16
+  DeviceBuffer moe_gate_up;  // [n_expert, 2 * n_ff_expert, n_embd] bf16
+  DeviceBuffer moe_down;     // [n_expert, n_embd, n_ff_expert] bf16
+  cuda::MoeDeviceWeights moe() const { return {moe_router.data(), moe_gate_up.data(), moe_down.data()}; }
 };
+
+// A MoE layer's router and experts, uploaded one expert at a time (bounded host memory).
+void upload_experts(const ModelSource& src, int l, GpuLayer* L, size_t* total) {
+  const ModelConfig& c = src.config;
+  const MoeWeights w = view_experts(src, l);
+  std::vector<uint16_t> buf;
+  append_bf16(w.router, buf);
+  L->moe_router = upload(buf, total);
+  const size_t gu_bytes = size_t(2) * size_t(c.n_ff_expert) * size_t(c.n_embd) * 2;  // per expert
+  L->moe_gate_up = DeviceBuffer(gu_bytes * size_t(c.n_expert));
+  L->moe_down = DeviceBuffer(gu_bytes / 2 * size_t(c.n_expert));
+  for (int e = 0; e < c.n_expert; ++e) {
+    buf.clear();
+    append_bf16(w.gate[size_t(e)], buf);
+    append_bf16(w.up[size_t(e)], buf);
+    KVT_CUDA_CHECK(cudaMemcpy(L->moe_gate_up.data<uint8_t>() + size_t(e) * gu_bytes, buf.data(), gu_bytes,
+                              cudaMemcpyHostToDevice));
+    buf.clear();
+    append_bf16(w.down[size_t(e)], buf);
+    KVT_CUDA_CHECK(cudaMemcpy(L->moe_down.data<uint8_t>() + size_t(e) * gu_bytes / 2, buf.data(), gu_bytes / 2,
+                              cudaMemcpyHostToDevice));
+  }
+  *total += L->moe_gate_up.bytes() + L->moe_down.bytes();
+}
 
 class CudaSequence;
 
@@ -118,6 +163,8 @@ CudaModel::CudaModel(const Model& model) : model_(model), c_(model.config()) {
   KVT_CHECK(c.n_embd % 8 == 0 && c.n_ff % 8 == 0 && c.n_embd <= 8192,
             "{}: n_embd {} and n_ff {} must be multiples of 8 (n_embd <= 8192) on the GPU", src.path, c.n_embd,
             c.n_ff);
+  KVT_CHECK(!c.is_moe() || c.n_ff_expert % 8 == 0, "{}: the expert width {} must be a multiple of 8 on the GPU",
+            src.path, c.n_ff_expert);
   const int64_t E = c.n_embd, q_dim = int64_t(c.n_head) * c.head_dim, kv_dim = int64_t(c.n_kv_head) * c.head_dim;
   size_t* total = &weight_bytes_;
   auto mat = [&](const std::string& name, int64_t n_out, int64_t n_in) {
@@ -142,6 +189,10 @@ CudaModel::CudaModel(const Model& model) : model_(model), c_(model.config()) {
     L.bv = maybe_bias(name("attn_v.bias"), kv_dim);
     if (src.find(name("attn_q_norm.weight"))) L.q_norm = vec_bf16(name("attn_q_norm.weight"), c.head_dim);
     if (src.find(name("attn_k_norm.weight"))) L.k_norm = vec_bf16(name("attn_k_norm.weight"), c.head_dim);
+    if (c.is_moe_layer(l)) {
+      upload_experts(src, l, &L, total);
+      continue;
+    }
     std::vector<uint16_t> gate_up = to_bf16(src.tensor(name("ffn_gate.weight")), c.n_ff, E);
     const std::vector<uint16_t> up = to_bf16(src.tensor(name("ffn_up.weight")), c.n_ff, E);
     gate_up.insert(gate_up.end(), up.begin(), up.end());
@@ -215,6 +266,7 @@ class CudaSequence final : public GpuSequence {
   // A natively decoding tiered policy: the whole cache on the GPU side (the
   // KvStore passed to forward() is left untouched, like `full`'s).
   std::unique_ptr<GpuTieredKv> tiered_;
+  std::unique_ptr<cuda::MoeRunner> moe_;  // MoE models: the expert block's working memory
 };
 
 CudaSequence::CudaSequence(CudaModel& m, int capacity, bool kv_on_gpu, const PolicyConfig* tiered)
@@ -236,9 +288,14 @@ CudaSequence::CudaSequence(CudaModel& m, int capacity, bool kv_on_gpu, const Pol
   k_ = DeviceBuffer(n * size_t(kv_dim_) * bf);
   v_ = DeviceBuffer(n * size_t(kv_dim_) * bf);
   att_ = DeviceBuffer(n * size_t(q_dim_) * bf);
-  gu_ = DeviceBuffer(n * 2 * size_t(c_.n_ff) * bf);
-  h_ = DeviceBuffer(n * size_t(c_.n_ff) * bf);
+  bool any_dense = false;  // MoE models may have no SwiGLU layer at all
+  for (int l = 0; l < c_.n_layer; ++l) any_dense = any_dense || !c_.is_moe_layer(l);
+  if (any_dense) {
+    gu_ = DeviceBuffer(n * 2 * size_t(c_.n_ff) * bf);
+    h_ = DeviceBuffer(n * size_t(c_.n_ff) * bf);
+  }
   logits_ = DeviceBuffer(n * size_t(c_.n_vocab) * 4);
+  if (c_.is_moe()) moe_ = std::make_unique<cuda::MoeRunner>(moe_config(c_), capacity);
   if (tiered) tiered_ = std::make_unique<GpuTieredKv>(*tiered, m.model_.kv_geometry());
   if (!native_ && !tiered_) {
     h_q_ = PinnedBuffer(n * size_t(q_dim_) * bf);
@@ -414,11 +471,15 @@ void CudaSequence::forward(const int32_t* tokens, int n_tok, int64_t pos0, KvSto
     else attend_host(l, kv, n_tok);
     gemm.run(n_tok, E, q_dim_, att_.data(), L.wo.data(), delta_.data(), s_);
 
-    // Feed-forward block (SwiGLU).
+    // Feed-forward block: the mixture of experts, or one SwiGLU.
     cuda::add_rmsnorm(x_.data(), delta_.data(), L.ffn_norm.data(), n_tok, E, c.rms_eps, xb_.data(), s_);
-    gemm.run(n_tok, 2 * int64_t(c.n_ff), E, xb_.data(), L.w_gate_up.data(), gu_.data(), s_);  // [n_tok, 2 n_ff]
-    cuda::swiglu(gu_.data(), n_tok, c.n_ff, h_.data(), s_);                                   // [n_tok, n_ff]
-    gemm.run(n_tok, E, c.n_ff, h_.data(), L.w_down.data(), delta_.data(), s_);
+    if (c.is_moe_layer(l)) {
+      moe_->run(L.moe(), xb_.data(), n_tok, delta_.data(), gemm, s_);  // [n_tok, n_embd]
+    } else {
+      gemm.run(n_tok, 2 * int64_t(c.n_ff), E, xb_.data(), L.w_gate_up.data(), gu_.data(), s_);  // [n_tok, 2 n_ff]
+      cuda::swiglu(gu_.data(), n_tok, c.n_ff, h_.data(), s_);                                   // [n_tok, n_ff]
+      gemm.run(n_tok, E, c.n_ff, h_.data(), L.w_down.data(), delta_.data(), s_);
+    }
     delta = delta_.data();
   }
   if (native_ || gpu_prefill || tiered_) n_cached_ += n_tok;
