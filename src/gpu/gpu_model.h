@@ -2,7 +2,8 @@
 // dequantized to bf16 and uploaded, and the same straight-line forward as
 // Model::forward (src/model/llama_forward.cpp) over the CUDA kernels of
 // src/ops (cuBLASLt GEMM, fused residual-add RMSNorm, RoPE, SwiGLU, flash
-// prefill, split-K decode attention). Includable without the CUDA toolkit:
+// prefill, split-K decode attention; the MoE block of Qwen3-MoE / Mixtral
+// layers: ops/moe/moe_cuda.h). Includable without the CUDA toolkit:
 // without KVT_CUDA, make_gpu_model comes from backend/cuda_stub.cpp and says
 // why it cannot run (STYLE rule 14).
 //
@@ -73,7 +74,8 @@ class GpuModel {
 // Uploads `model` (which must outlive the result) to CUDA device 0. Throws
 // kvtier::Error when kvtier was built without CUDA, when there is no CUDA
 // device, or when a shape is outside what the kernels support (head_dim 64
-// or 128; n_embd, n_ff multiples of 8).
+// or 128; n_embd, n_ff and the expert width multiples of 8; up to 1024
+// experts, 32 per token).
 std::unique_ptr<GpuModel> make_gpu_model(const Model& model);
 
 }  // namespace kvtier
