@@ -73,3 +73,16 @@ def test_random_moe_model_loads_and_decodes(tmp_path):
     rows = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
     assert [row["kv"] for row in rows] == ["full", "yakv"]
     assert all(row["decode_tok_s"] > 0 for row in rows)
+
+
+def test_memory_of_qwen3_30b_a3b_next_to_its_weights():
+    """A 128K yakv sequence of Qwen3-30B-A3B shapes fits next to its 61 GB of
+    bf16 weights on an H200 with room for more than 20 such sequences."""
+    r = run("memory", "--shape", "qwen3-30b-a3b", "--kv", "full", "--kv", "yakv", "-c", "131072")
+    assert r.returncode == 0, r.stderr
+    assert "30.53 B parameters" in r.stdout and "(61.1 GB)" in r.stdout
+    seqs = {line.split()[0]: int(line.split()[-1]) for line in r.stdout.splitlines()
+            if line.split() and line.split()[0] in ("full", "yakv")}
+    assert seqs["yakv"] >= 20 and seqs["full"] < seqs["yakv"]
+    bad = run("memory", "--shape", "qwen3-30b-a3b", "--gpu-mem", "0")
+    assert bad.returncode != 0 and "--gpu-mem" in bad.stderr
