@@ -4,15 +4,18 @@
 # decode ms/token at 32K and 128K under `full` and `yakv`, the GPU memory in
 # use, the weights' share of the decode step (the step at a 512-token context,
 # where attention is negligible, over the step at 32K / 128K), and HF
-# transformers at the same shapes as the peer. Each stage fits one 10-minute
-# device command; run from the repository root on the GPU machine:
+# transformers at the same shapes as the peer. Run from the repository root
+# on the GPU machine:
 #
 #   bash bench/moe_h200.sh build            # CUDA build + the MoE CUDA tests
+#   bash bench/moe_h200.sh measure OUT_DIR  # kvtier, then hf, then report (about 8 minutes)
+#
+# or, where one command must stay well inside 10 minutes, the stages of `measure`:
 #   bash bench/moe_h200.sh kvtier OUT_DIR   # random GGUF (32 GB, in $MODEL) + kvtier perf + memory
 #   bash bench/moe_h200.sh hf OUT_DIR       # HF transformers peer (same shapes, same contexts)
 #   bash bench/moe_h200.sh report OUT_DIR   # the summary table (also printed by the stages above)
 set -euo pipefail
-stage=${1:?usage: bench/moe_h200.sh build|kvtier|hf|report [OUT_DIR]}
+stage=${1:?usage: bench/moe_h200.sh build|measure|kvtier|hf|report [OUT_DIR]}
 out=${2:-bench/results/moe}
 model=${MODEL:-/tmp/qwen3-30b-a3b-random.gguf}
 build=${BUILD:-build-cuda}
@@ -47,32 +50,45 @@ if os.path.exists(mem):
 PY
 }
 
+run_kvtier() {
+  [ -f "$model" ] || python3 bench/make_random_model.py --shape qwen3-30b-a3b --out "$model"
+  "$build/tools/kvtier" memory --shape qwen3-30b-a3b --kv full --kv yakv -c 131072 | tee "$out/memory.txt"
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$out/gpu_mem.csv" &
+  local smi=$!
+  "$build/tools/kvtier" perf --device cuda -m "$model" --prefill-chunk 4096 --kv full --kv yakv \
+      -p 512,32768,131072 -g 32 -r 1 --json | tee "$out/kvtier_perf.jsonl"
+  kill "$smi" || true
+}
+
+run_hf() {
+  python3 bench/hf_peer.py --model qwen3-30b-a3b --layers 48 --prefill 32768,131072 \
+      --configs dynamic:32768:1,dynamic:131072:1 --steps 5 --json "$out/hf_peer.json" 2>&1 | tee "$out/hf_peer.log"
+}
+
 case "$stage" in
+  measure)
+    run_kvtier
+    run_hf
+    report | tee "$out/summary.md"
+    ;;
   build)
     cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DKVT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a > /dev/null
     cmake --build "$build" -j "$(nproc)" --target kvtier kvt_cuda_tests
     (cd "$build" && ctest -L cuda -R 'Moe|moe' --output-on-failure) 2>&1 | tee "$out/moe_cuda_tests.log"
     ;;
   kvtier)
-    [ -f "$model" ] || python3 bench/make_random_model.py --shape qwen3-30b-a3b --out "$model"
-    "$build/tools/kvtier" memory --shape qwen3-30b-a3b --kv full --kv yakv -c 131072 | tee "$out/memory.txt"
-    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$out/gpu_mem.csv" &
-    smi=$!
-    "$build/tools/kvtier" perf --device cuda -m "$model" --prefill-chunk 4096 --kv full --kv yakv \
-        -p 512,32768,131072 -g 32 -r 1 --json | tee "$out/kvtier_perf.jsonl"
-    kill "$smi" || true
+    run_kvtier
     report | tee "$out/summary.md"
     ;;
   hf)
-    python3 bench/hf_peer.py --model qwen3-30b-a3b --layers 48 --prefill 32768,131072 \
-        --configs dynamic:32768:1,dynamic:131072:1 --steps 5 --json "$out/hf_peer.json" 2>&1 | tee "$out/hf_peer.log"
+    run_hf
     report | tee "$out/summary.md"
     ;;
   report)
     report | tee "$out/summary.md"
     ;;
   *)
-    echo "unknown stage $stage (build, kvtier, hf, report)" >&2
+    echo "unknown stage $stage (build, measure, kvtier, hf, report)" >&2
     exit 2
     ;;
 esac
