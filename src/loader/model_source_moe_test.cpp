@@ -95,6 +95,17 @@ TEST(ModelSourceMoe, Qwen3MoeGgufStacksExperts) {
   EXPECT_EQ(m.find("blk.0.ffn_gate.weight"), nullptr);
 }
 
+TEST(ModelSourceMoe, GgufWithOneTensorPerExpertLoads) {
+  // Early Mixtral GGUFs kept each expert apart: blk.N.ffn_gate.E.weight.
+  const ModelConfig c = tiny_moe("qwen3moe");
+  const std::string path = (temp_dir("gguf") / "split.gguf").string();
+  write_gguf(path, gguf_metadata_for(c), make_tiny_weights(c, GgmlType::Q8_0, 9));
+  const ModelSource m = open_model_source(path);
+  EXPECT_EQ(m.config.n_expert, 6);
+  EXPECT_EQ(m.find("blk.0.ffn_gate_exps.weight"), nullptr);
+  EXPECT_EQ(m.tensor("blk.2.ffn_down.5.weight").shape, (std::vector<int64_t>{64, 32}));
+}
+
 TEST(ModelSourceMoe, MixtralGgufIsALlamaWithExperts) {
   ModelConfig c = tiny_moe("llama");
   const std::string path = (temp_dir("gguf") / "mx.gguf").string();
