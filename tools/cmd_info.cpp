@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "command.h"
+#include "core/cpu_features.h"
 #include "loader/model_source.h"
 #include "options.h"
 
@@ -18,6 +19,7 @@ namespace {
 struct InfoArgs {
   std::string model = default_model_path();
   bool no_tensors = false;
+  std::string cpu_isa = "auto";
 };
 
 std::string human_bytes(double b) {
@@ -51,6 +53,7 @@ bool tensor_order(const std::string& a, const std::string& b) {
 }
 
 void run_info(const InfoArgs& a) {
+  set_cpu_path_limit(parse_cpu_path(a.cpu_isa));
   ModelSource m = open_model_source(a.model);
   const ModelConfig& c = m.config;
   fmt::print("model            {}\n", m.path);
@@ -93,6 +96,9 @@ void run_info(const InfoArgs& a) {
                m.generation_config_json.empty() ? "(absent)" : m.generation_config_json);
   }
 
+  // The CPU kernels this machine gets (chosen once, at run time).
+  fmt::print("{}", cpu_features_report());
+
   std::vector<std::string> names;
   size_t total = 0, name_width = 4;
   for (const auto& [name, t] : m.tensors) {
@@ -118,6 +124,9 @@ Registration reg(50, [](CLI::App& app) {
   cmd->add_option("-m,--model", a->model, "model: .gguf file or Hugging Face directory")
       ->capture_default_str();
   cmd->add_flag("--no-tensors", a->no_tensors, "configuration and totals only");
+  cmd->add_option("--cpu-isa", a->cpu_isa, "cap the CPU kernel path: auto, avx2 or avx512")
+      ->check(CLI::IsMember({"auto", "avx2", "avx512"}))
+      ->capture_default_str();
   cmd->callback([a] { run_info(*a); });
 });
 

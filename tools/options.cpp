@@ -6,6 +6,9 @@
 #include <filesystem>
 #include <thread>
 
+#include "core/cpu_features.h"
+#include "core/status.h"
+
 namespace kvtier::tools {
 
 std::string default_model_path() {
@@ -51,6 +54,17 @@ void add_engine_options(CLI::App& app, EngineOptions& o) {
   app.add_option("--host-kv-budget", o.host_kv_budget_bytes,
                  "refuse prompts whose host KV would exceed this many bytes (0: no limit)")
       ->check(CLI::NonNegativeNumber);
+  // Process-wide (the kernels are chosen per process, core/cpu_features.h).
+  app.add_option_function<std::string>(
+         "--cpu-isa",
+         [](const std::string& name) {
+           const CpuPath path = parse_cpu_path(name);
+           KVT_CHECK(cpu_supports(path), "--cpu-isa {}: this CPU ({}) lacks it; its widest path is {}", name,
+                     cpu_features().brand, cpu_path_name(cpu_best_path()));
+           set_cpu_path_limit(path);
+         },
+         "CPU kernel path: auto (the widest this CPU has, the default), avx2 or avx512")
+      ->check(CLI::IsMember({"auto", "avx2", "avx512"}));
   app.add_option("--device", o.device, "where the model runs: cpu, or cuda (bf16 weights on GPU 0)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();

@@ -52,9 +52,12 @@ void Model::forward(const int32_t* tokens, int n_tok, int64_t pos0, KvCache& kv,
     const LayerWeights& L = layers_[size_t(l)];
     // Attention block.
     rmsnorm(s.x.data(), L.attn_norm.data(), n_tok, E, c.rms_eps, s.xb.data());
-    matmul(L.wq, s.xb.data(), n_tok, s.q.data(), pool);  // q: [n_tok, n_head, hd]
-    matmul(L.wk, s.xb.data(), n_tok, s.k.data(), pool);  // k: [n_tok, n_kv_head, hd]
-    matmul(L.wv, s.xb.data(), n_tok, s.v.data(), pool);  // v: [n_tok, n_kv_head, hd]
+    {
+      // q: [n_tok, n_head, hd], k and v: [n_tok, n_kv_head, hd]
+      const WeightView* ws[3] = {&L.wq, &L.wk, &L.wv};
+      float* ys[3] = {s.q.data(), s.k.data(), s.v.data()};
+      matmul_group(ws, ys, 3, s.xb.data(), n_tok, pool);
+    }
     add_bias(s.q.data(), L.bq, n_tok);
     add_bias(s.k.data(), L.bk, n_tok);
     add_bias(s.v.data(), L.bv, n_tok);
@@ -75,8 +78,12 @@ void Model::forward(const int32_t* tokens, int n_tok, int64_t pos0, KvCache& kv,
       moe_ffn(L.moe, moe_, s.xb.data(), n_tok, s.moe_out.data(), s.moe, pool);
       ffn_out = s.moe_out.data();
     } else {
-      matmul(L.w_gate, s.xb.data(), n_tok, s.gate.data(), pool);  // [n_tok, n_ff]
-      matmul(L.w_up, s.xb.data(), n_tok, s.up.data(), pool);      // [n_tok, n_ff]
+      {
+        // gate, up: [n_tok, n_ff]
+        const WeightView* ws[2] = {&L.w_gate, &L.w_up};
+        float* ys[2] = {s.gate.data(), s.up.data()};
+        matmul_group(ws, ys, 2, s.xb.data(), n_tok, pool);
+      }
       swiglu(s.gate.data(), s.up.data(), int64_t(n_tok) * c.n_ff, s.gate.data());
       matmul(L.w_down, s.gate.data(), n_tok, s.xb.data(), pool);
     }

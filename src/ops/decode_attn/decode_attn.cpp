@@ -30,7 +30,9 @@ int decode_attn_splits(const Exec& x, int64_t n_rows, int64_t n_tok, int64_t min
 #ifdef KVT_CUDA
   if (x.cuda()) return cuda::decode_attn_splits(n_rows, n_tok, min_tokens);
 #endif
-  const int64_t want = (int64_t(default_pool().n_threads()) + n_rows - 1) / std::max<int64_t>(1, n_rows);
+  // Two jobs per thread balance the static partition of parallel_for when the
+  // rows do not divide evenly among the threads.
+  const int64_t want = (2 * int64_t(default_pool().n_threads()) + n_rows - 1) / std::max<int64_t>(1, n_rows);
   const int64_t cap = std::max<int64_t>(1, n_tok / std::max<int64_t>(1, min_tokens));
   return int(std::max<int64_t>(1, std::min(want, cap)));
 }

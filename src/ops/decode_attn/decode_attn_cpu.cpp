@@ -1,14 +1,18 @@
-// decode_attn and attn_merge on the CPU: f32 accumulation, online softmax
-// per (row, split), the splits spread over the thread pool.
+// CPU decode attention: (row, split) jobs on the thread pool. bf16 and FP8
+// K/V go through the row kernel of the machine's ISA (decode_attn_kernels.h:
+// AVX-512, AVX2 or scalar, K/V widened in registers); f32 K/V, and head dims
+// no vector kernel takes, through the generic loop below. Then the LSE merge.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "core/cpu_features.h"
 #include "core/half.h"
 #include "core/status.h"
 #include "core/threads.h"
 #include "ops/decode_attn/decode_attn.h"
+#include "ops/decode_attn/decode_attn_kernels.h"
 #include "ops/quant/quant_scalar.h"
 
 namespace kvtier {
@@ -32,12 +36,21 @@ inline void load_row(KvElt e, const uint8_t* src, float* dst, int n) {
   }
 }
 
-}  // namespace
+void check_params(const DecodeAttnParams& p) {
+  KVT_CHECK(p.n_kv_head > 0 && p.n_head > 0 && p.n_head % p.n_kv_head == 0,
+            "decode_attn: n_head {} is not a positive multiple of n_kv_head {}", p.n_head, p.n_kv_head);
+  KVT_CHECK(p.head_dim > 0, "decode_attn: head_dim {} must be positive", p.head_dim);
+  KVT_CHECK(p.n_seq >= 0 && (p.n_tok || p.n_tok_fixed >= 0), "decode_attn: n_seq {} and n_tok {} must not be negative",
+            p.n_seq, p.n_tok_fixed);
+  KVT_CHECK(p.n_split >= 1 && p.part0 >= 0, "decode_attn: n_split {} (>= 1) and part0 {} (>= 0)", p.n_split,
+            p.part0);
+  KVT_CHECK(p.elt == KvElt::bf16 || p.elt == KvElt::fp8 || p.elt == KvElt::f32,
+            "decode_attn: unknown element type {}", int(p.elt));
+}
 
-void decode_attn_cpu(const DecodeAttnParams& p, const float* q, const uint8_t* const* rows, const int32_t* idx,
+// f32 accumulation, online softmax per (row, split): any element type and head dim.
+void decode_attn_generic(const DecodeAttnParams& p, const float* q, const uint8_t* const* rows, const int32_t* idx,
                      float* part_out, float* part_lse) {
-  KVT_CHECK(p.n_kv_head > 0 && p.n_head % p.n_kv_head == 0 && p.n_split >= 1,
-            "decode_attn: n_head {} n_kv_head {} n_split {}", p.n_head, p.n_kv_head, p.n_split);
   const int G = p.n_head / p.n_kv_head, D = p.head_dim;
   const int64_t n_rows = int64_t(p.n_seq) * p.n_kv_head, n_qh = int64_t(p.n_seq) * p.n_head;
   default_pool().parallel_for(n_rows * p.n_split, 1, [&](int64_t w0, int64_t w1, int) {
@@ -87,8 +100,130 @@ void decode_attn_cpu(const DecodeAttnParams& p, const float* q, const uint8_t* c
   });
 }
 
+}  // namespace
+
+namespace attn_kernels {
+namespace {
+
+float load_scalar(bool fp8, const uint8_t* row, int d) {
+  if (fp8) return e4m3_to_f32(row[d]);
+  uint16_t b;
+  std::memcpy(&b, row + 2 * d, 2);
+  return bf16_to_f32(b);
+}
+
+}  // namespace
+
+// Two passes over the slots (scores and max, then exp and accumulation),
+// f32 arithmetic; what the vector kernels compute, without the tiling.
+void row_scalar(const RowJob& j) {
+  const int D = j.head_dim;
+  for (int h = 0; h < j.n_qh; ++h) {
+    const float* q = j.q + int64_t(h) * D;
+    float* out = j.out + int64_t(h) * D;
+    std::fill(out, out + D, 0.f);
+    float m = -INFINITY;
+    for (int64_t e = 0; e < j.n_tok; ++e) {
+      const int64_t slot = j.idx ? j.idx[e] : e;
+      if (slot < 0) continue;
+      const uint8_t* kr = j.k + slot * j.tok_stride;
+      float s = 0;
+      for (int d = 0; d < D; ++d) s += q[d] * load_scalar(j.fp8, kr, d);
+      m = std::max(m, s * j.scale);
+    }
+    float sum = 0;
+    for (int64_t e = 0; e < j.n_tok && m > -INFINITY; ++e) {
+      const int64_t slot = j.idx ? j.idx[e] : e;
+      if (slot < 0) continue;
+      const uint8_t* kr = j.k + slot * j.tok_stride;
+      const uint8_t* vr = j.v + slot * j.tok_stride;
+      float s = 0;
+      for (int d = 0; d < D; ++d) s += q[d] * load_scalar(j.fp8, kr, d);
+      const float w = std::exp(s * j.scale - m);
+      sum += w;
+      for (int d = 0; d < D; ++d) out[d] += w * load_scalar(j.fp8, vr, d);
+    }
+    const float inv = sum > 0 ? 1.f / sum : 0.f;
+    for (int d = 0; d < D; ++d) out[d] *= inv;
+    j.max[h] = sum > 0 ? m : -INFINITY;
+    j.sum[h] = sum;
+  }
+}
+
+RowKernel row_kernel_for(CpuPath path, int head_dim) {
+  if (path == CpuPath::avx512 && head_dim % 16 == 0 && cpu_supports(CpuPath::avx512)) return row_avx512;
+  if (head_dim % 8 == 0) return row_avx2;
+  return row_scalar;
+}
+
+void decode_attn_with(RowKernel kernel, const DecodeAttnParams& p, const float* q, const uint8_t* const* rows,
+                      const int32_t* idx, float* part_out, float* part_lse) {
+  check_params(p);
+  KVT_CHECK(p.elt != KvElt::f32, "decode_attn: the row kernels read bf16 or FP8, not f32");
+  const int G = p.n_head / p.n_kv_head, D = p.head_dim;
+  const int64_t n_rows = int64_t(p.n_seq) * p.n_kv_head;
+  const int64_t n_qh = int64_t(p.n_seq) * p.n_head;
+  const int64_t n_floats = scratch_floats(G, D) + 2 * int64_t(G) + 16;
+  default_pool().parallel_for(n_rows * p.n_split, 1, [&](int64_t a, int64_t b, int) {
+    thread_local std::vector<float> scratch;
+    if (int64_t(scratch.size()) < n_floats) scratch.resize(size_t(n_floats));
+    // 64-byte aligned start (the kernels use unaligned loads; alignment keeps
+    // the key tile on cache-line boundaries).
+    float* base = scratch.data();
+    base += (16 - (reinterpret_cast<uintptr_t>(base) / 4) % 16) % 16;
+    float* mx = base + scratch_floats(G, D);
+    float* sm = mx + G;
+    for (int64_t job = a; job < b; ++job) {
+      const int64_t r = job / p.n_split;
+      const int split = int(job % p.n_split);
+      const int64_t seq = r / p.n_kv_head, kvh = r % p.n_kv_head;
+      const int64_t n = p.n_tok ? p.n_tok[seq * p.n_tok_stride] : p.n_tok_fixed;
+      const int64_t chunk = (n + p.n_split - 1) / p.n_split;
+      const int64_t e0 = std::min<int64_t>(n, int64_t(split) * chunk);
+      const int64_t e1 = std::min<int64_t>(n, e0 + chunk);
+      const int64_t qh0 = seq * p.n_head + kvh * G;  // first query head of the group
+      RowJob j;
+      j.q = q + qh0 * D;
+      j.n_qh = G;
+      j.head_dim = D;
+      j.scale = p.scale;
+      j.fp8 = p.elt == KvElt::fp8;
+      j.k = rows[r];
+      j.v = rows[r] + p.v_offset;
+      j.tok_stride = p.tok_stride;
+      j.idx = idx ? idx + r * p.idx_stride + e0 : nullptr;
+      // Without idx the entries are the slots themselves: shift the row base.
+      if (!idx) {
+        j.k += e0 * p.tok_stride;
+        j.v += e0 * p.tok_stride;
+      }
+      j.n_tok = e1 - e0;
+      const int64_t part = p.part0 + split;
+      j.out = part_out + (part * n_qh + qh0) * D;
+      j.max = mx;
+      j.sum = sm;
+      j.scratch = base;
+      kernel(j);
+      float* lse = part_lse + part * n_qh + qh0;
+      for (int g = 0; g < G; ++g) lse[g] = sm[g] > 0 ? mx[g] + std::log(sm[g]) : -INFINITY;
+    }
+  });
+}
+
+}  // namespace attn_kernels
+
+void decode_attn_cpu(const DecodeAttnParams& p, const float* q, const uint8_t* const* rows, const int32_t* idx,
+                     float* part_out, float* part_lse) {
+  check_params(p);
+  if (p.elt == KvElt::f32) return decode_attn_generic(p, q, rows, idx, part_out, part_lse);
+  attn_kernels::decode_attn_with(attn_kernels::row_kernel_for(cpu_path(), p.head_dim), p, q, rows, idx, part_out,
+                                 part_lse);
+}
+
 void attn_merge_cpu(int n_part, int64_t n_qh, int head_dim, const float* part_out, const float* part_lse, float* out,
                     float* lse) {
+  KVT_CHECK(n_part >= 1 && head_dim > 0, "attn_merge: n_part {} and head_dim {} must be positive", n_part,
+            head_dim);
   for (int64_t i = 0; i < n_qh; ++i) {
     float m = -INFINITY;
     for (int j = 0; j < n_part; ++j) m = std::max(m, part_lse[j * n_qh + i]);

@@ -33,6 +33,13 @@ bool matmul_supports(GgmlType type);
 // x: [n_tok, n_in] f32, y: [n_tok, n_out] f32.
 void matmul(const WeightView& w, const float* x, int64_t n_tok, float* y, ThreadPool& pool);
 
+// Several matrices applied to the same input (q/k/v, gate/up): in decode the
+// activations are quantized once and one parallel pass covers all their rows
+// (one fork-join instead of n). Same results as n matmul() calls.
+// ws[i]: [n_out_i, n_in] (one n_in for all), ys[i]: [n_tok, n_out_i] f32.
+void matmul_group(const WeightView* const* ws, float* const* ys, int n, const float* x, int64_t n_tok,
+                  ThreadPool& pool);
+
 // Reference: dequantize each row (dequantize_row) and accumulate in f64 with
 // the activations in f32 — the specification the fast paths are tested against.
 void matmul_ref(const WeightView& w, const float* x, int64_t n_tok, float* y);

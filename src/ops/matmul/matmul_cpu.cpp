@@ -5,11 +5,13 @@
 #include <cmath>
 #include <vector>
 
+#include "core/cpu_features.h"
 #include "core/half.h"
 #include "core/status.h"
 #include "core/threads.h"
 #include "ops/dequant/dequant.h"
 #include "ops/matmul/matmul.h"
+#include "ops/matmul/matmul_kernels.h"
 
 namespace kvtier {
 namespace {
@@ -19,29 +21,11 @@ constexpr int64_t kSgemmMinTokens = 16;
 // Rows of f32 weights dequantized at once for sgemm (bounds scratch memory).
 constexpr int64_t kSliceFloats = int64_t(8) << 20;
 
-// F16C conversion (x86-64-v3 baseline); the scalar f16_to_f32 branches.
-inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
-
-inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
-
-// Activations of one token quantized per 32-block.
-struct QuantizedRow {
-  std::vector<int8_t> q;  // [n_in]
-  std::vector<float> d;   // [n_blk] block scale (rounded through f16 like the stored format)
-  std::vector<float> s;   // [n_blk] d * sum(q) (Q8_1), rounded through f16
-};
-
-void quantize_activations(const float* x, int64_t n_in, QuantizedRow* out) {
+// Activations of one token quantized per 32-block (matmul_kernels::QActs):
+// q [n_in] int8, d [n_blk] block scale and s [n_blk] d·Σq (Q8_1), both
+// rounded through f16 like the stored formats.
+void quantize_activations(const float* x, int64_t n_in, int8_t* q_out, float* d_out, float* s_out) {
   const int64_t n_blk = n_in / kQK;
-  out->q.resize(size_t(n_in));
-  out->d.resize(size_t(n_blk));
-  out->s.resize(size_t(n_blk));
   const __m256 sign_mask = _mm256_set1_ps(-0.0f);
   for (int64_t b = 0; b < n_blk; ++b) {
     const float* xb = x + b * kQK;
@@ -57,7 +41,7 @@ void quantize_activations(const float* x, int64_t n_in, QuantizedRow* out) {
     const float d = _mm_cvtss_f32(m) / 127.0f;
     const float id = d != 0 ? 1.0f / d : 0.0f;
     const __m256 vid = _mm256_set1_ps(id);
-    int8_t* q = &out->q[size_t(b * kQK)];
+    int8_t* q = q_out + b * kQK;
     int sum = 0;
     for (int j = 0; j < 4; ++j) {
       // Round half to even, as nearbyint does in the reference.
@@ -70,62 +54,17 @@ void quantize_activations(const float* x, int64_t n_in, QuantizedRow* out) {
         sum += tmp[i];
       }
     }
-    out->d[size_t(b)] = f16_to_f32(f32_to_f16(d));
-    out->s[size_t(b)] = f16_to_f32(f32_to_f16(d * float(sum)));
+    d_out[b] = f16_to_f32(f32_to_f16(d));
+    s_out[b] = f16_to_f32(f32_to_f16(d * float(sum)));
   }
 }
 
-// Sum of 32 products of unsigned bytes `u` with signed bytes `s`, as 8 i32 lanes.
-inline __m256i dot_u8s8(__m256i u, __m256i s) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones);
-}
-
-inline __m256i unpack_nibbles(const uint8_t* qs) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i mask = _mm_set1_epi8(0x0f);
-  __m128i lo = _mm_and_si128(raw, mask);
-  __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
-  return _mm256_set_m128i(hi, lo);
-}
-
-float dot_q8_0(const BlockQ8_0* w, const QuantizedRow& x, int64_t n_blk) {
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < n_blk; ++b) {
-    __m256i wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs));
-    __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&x.q[size_t(b * kQK)]));
-    __m256i p = dot_u8s8(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * x.d[size_t(b)]),
-                          _mm256_cvtepi32_ps(p), acc);
-  }
-  return hsum(acc);
-}
-
-float dot_q4_0(const BlockQ4_0* w, const QuantizedRow& x, int64_t n_blk) {
-  __m256 acc = _mm256_setzero_ps();
-  const __m256i eight = _mm256_set1_epi8(8);
-  for (int64_t b = 0; b < n_blk; ++b) {
-    __m256i wq = _mm256_sub_epi8(unpack_nibbles(w[b].qs), eight);
-    __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&x.q[size_t(b * kQK)]));
-    __m256i p = dot_u8s8(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * x.d[size_t(b)]),
-                          _mm256_cvtepi32_ps(p), acc);
-  }
-  return hsum(acc);
-}
-
-float dot_q4_1(const BlockQ4_1* w, const QuantizedRow& x, int64_t n_blk) {
-  __m256 acc = _mm256_setzero_ps();
-  float acc_m = 0;
-  for (int64_t b = 0; b < n_blk; ++b) {
-    __m256i wq = unpack_nibbles(w[b].qs);
-    __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&x.q[size_t(b * kQK)]));
-    __m256i p = dot_u8s8(wq, xq);
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * x.d[size_t(b)]),
-                          _mm256_cvtepi32_ps(p), acc);
-    acc_m += h2f(w[b].m) * x.s[size_t(b)];
-  }
-  return hsum(acc) + acc_m;
+inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
 }
 
 float dot_f32(const float* w, const float* x, int64_t n) {
@@ -138,27 +77,6 @@ float dot_f32(const float* w, const float* x, int64_t n) {
   float s = hsum(_mm256_add_ps(a0, a1));
   for (; i < n; ++i) s += w[i] * x[i];
   return s;
-}
-
-void matmul_quantized(const WeightView& w, const float* x, int64_t n_tok, float* y,
-                      ThreadPool& pool) {
-  const int64_t n_blk = w.n_in / kQK;
-  std::vector<QuantizedRow> xq(static_cast<size_t>(n_tok));
-  for (int64_t t = 0; t < n_tok; ++t) quantize_activations(x + t * w.n_in, w.n_in, &xq[size_t(t)]);
-  pool.parallel_for(w.n_out, 16, [&](int64_t r0, int64_t r1, int) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const uint8_t* row = w.row(r);
-      for (int64_t t = 0; t < n_tok; ++t) {
-        float v;
-        switch (w.type) {
-          case GgmlType::Q8_0: v = dot_q8_0(reinterpret_cast<const BlockQ8_0*>(row), xq[size_t(t)], n_blk); break;
-          case GgmlType::Q4_0: v = dot_q4_0(reinterpret_cast<const BlockQ4_0*>(row), xq[size_t(t)], n_blk); break;
-          default: v = dot_q4_1(reinterpret_cast<const BlockQ4_1*>(row), xq[size_t(t)], n_blk); break;
-        }
-        y[t * w.n_out + r] = v;
-      }
-    }
-  });
 }
 
 void matmul_f32_small(const WeightView& w, const float* x, int64_t n_tok, float* y,
@@ -198,19 +116,81 @@ void matmul_sgemm(const WeightView& w, const float* x, int64_t n_tok, float* y, 
 
 }  // namespace
 
+namespace matmul_kernels {
+
+void matmul_quantized_with(RowsKernel kernel, const WeightView* const* ws, float* const* ys, int n,
+                           const float* x, int64_t n_tok, ThreadPool& pool) {
+  const int64_t n_in = ws[0]->n_in, n_blk = n_in / kQK;
+  // [n_tok, n_in] int8 and [n_tok, n_blk] scales; reused (decode calls this
+  // hundreds of times per token)
+  thread_local std::vector<int8_t> q;
+  thread_local std::vector<float> d, s;
+  q.resize(size_t(n_tok * n_in));
+  d.resize(size_t(n_tok * n_blk));
+  s.resize(size_t(n_tok * n_blk));
+  for (int64_t t = 0; t < n_tok; ++t)
+    quantize_activations(x + t * n_in, n_in, q.data() + t * n_in, d.data() + t * n_blk, s.data() + t * n_blk);
+  QActs qa;
+  qa.q = q.data();
+  qa.d = d.data();
+  qa.s = s.data();
+  qa.n_tok = n_tok;
+  constexpr int kMaxGroup = 8;
+  KVT_CHECK(n >= 1 && n <= kMaxGroup, "matmul_group: {} matrices (1..{})", n, kMaxGroup);
+  QWeights qw[kMaxGroup];
+  int64_t row0[kMaxGroup + 1] = {0};  // first row of matrix i in the concatenated row space
+  for (int i = 0; i < n; ++i) {
+    const WeightView& w = *ws[i];
+    qw[i].type = w.type == GgmlType::Q8_0 ? QType::q8_0 : w.type == GgmlType::Q4_0 ? QType::q4_0 : QType::q4_1;
+    qw[i].data = static_cast<const uint8_t*>(w.data);
+    qw[i].row_bytes = w.row_bytes;
+    qw[i].n_out = w.n_out;
+    qw[i].n_blk = n_blk;
+    row0[i + 1] = row0[i] + w.n_out;
+  }
+  pool.parallel_for(row0[n], 16, [&](int64_t a, int64_t b, int) {
+    for (int i = 0; i < n; ++i) {
+      const int64_t r0 = std::max(a, row0[i]), r1 = std::min(b, row0[i + 1]);
+      if (r0 < r1) kernel(qw[i], qa, r0 - row0[i], r1 - row0[i], ys[i]);
+    }
+  });
+}
+
+}  // namespace matmul_kernels
+
 bool matmul_supports(GgmlType type) {
   return type == GgmlType::F32 || type == GgmlType::Q4_0 || type == GgmlType::Q4_1 ||
          type == GgmlType::Q8_0;
 }
 
 void matmul(const WeightView& w, const float* x, int64_t n_tok, float* y, ThreadPool& pool) {
-  KVT_CHECK(matmul_supports(w.type), "matmul: weight type {} is not supported (convert at load)",
-            ggml_type_name(w.type));
-  KVT_CHECK(w.type == GgmlType::F32 || w.n_in % kQK == 0,
-            "matmul: row length {} is not a multiple of {}", w.n_in, kQK);
-  if (n_tok >= kSgemmMinTokens) return matmul_sgemm(w, x, n_tok, y, pool);
-  if (w.type == GgmlType::F32) return matmul_f32_small(w, x, n_tok, y, pool);
-  matmul_quantized(w, x, n_tok, y, pool);
+  const WeightView* ws[1] = {&w};
+  float* ys[1] = {y};
+  matmul_group(ws, ys, 1, x, n_tok, pool);
+}
+
+void matmul_group(const WeightView* const* ws, float* const* ys, int n, const float* x, int64_t n_tok,
+                  ThreadPool& pool) {
+  bool quantized = n_tok < kSgemmMinTokens;
+  for (int i = 0; i < n; ++i) {
+    const WeightView& w = *ws[i];
+    KVT_CHECK(matmul_supports(w.type), "matmul: weight type {} is not supported (convert at load)",
+              ggml_type_name(w.type));
+    KVT_CHECK(w.type == GgmlType::F32 || w.n_in % kQK == 0, "matmul: row length {} is not a multiple of {}",
+              w.n_in, kQK);
+    KVT_CHECK(w.n_in == ws[0]->n_in, "matmul_group: row lengths {} and {} differ", w.n_in, ws[0]->n_in);
+    quantized = quantized && w.type != GgmlType::F32;
+  }
+  if (quantized) {
+    const matmul_kernels::RowsKernel kernel =
+        cpu_path() == CpuPath::avx512 ? matmul_kernels::rows_avx512 : matmul_kernels::rows_avx2;
+    return matmul_kernels::matmul_quantized_with(kernel, ws, ys, n, x, n_tok, pool);
+  }
+  for (int i = 0; i < n; ++i) {
+    if (n_tok >= kSgemmMinTokens) matmul_sgemm(*ws[i], x, n_tok, ys[i], pool);
+    else if (ws[i]->type == GgmlType::F32) matmul_f32_small(*ws[i], x, n_tok, ys[i], pool);
+    else matmul_group(&ws[i], &ys[i], 1, x, n_tok, pool);
+  }
 }
 
 }  // namespace kvtier

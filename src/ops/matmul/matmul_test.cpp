@@ -2,12 +2,15 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "core/cpu_features.h"
 #include "core/ggml_type.h"
 #include "core/threads.h"
 #include "ops/dequant/dequant.h"
 #include "ops/matmul/matmul.h"
+#include "ops/matmul/matmul_kernels.h"
 
 namespace kvtier {
 namespace {
@@ -29,6 +32,7 @@ std::vector<uint8_t> make_weight(GgmlType type, int64_t n_out, int64_t n_in, std
   return w;
 }
 
+#if !defined(KVT_TEST_EMULATED_AVX512)
 class MatmulTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(MatmulTest, FastMatchesReference) {
@@ -68,6 +72,35 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{GgmlType::Q4_1, 70, 576, 17}, Case{GgmlType::Q8_0, 19, 128, 40},
                       Case{GgmlType::Q4_0, 8, 32, 16}));
 
+// q/k/v-like matrices of different types and heights in one group: the same
+// numbers as one matmul() each.
+TEST(Matmul, GroupEqualsSeparateCalls) {
+  std::mt19937 rng(99);
+  const int64_t n_in = 576;
+  const GgmlType types[3] = {GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0};
+  const int64_t n_out[3] = {576, 192, 67};
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<WeightView> w;
+  for (int i = 0; i < 3; ++i) bytes.push_back(make_weight(types[i], n_out[i], n_in, rng));
+  for (int i = 0; i < 3; ++i) w.push_back({types[i], bytes[i].data(), n_out[i], n_in, ggml_row_bytes(types[i], n_in)});
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  ThreadPool pool(2);
+  for (int64_t n_tok : {1, 2, 20}) {
+    std::vector<float> x(size_t(n_tok * n_in));
+    for (auto& v : x) v = nd(rng);
+    std::vector<std::vector<float>> y(3), y1(3);
+    for (int i = 0; i < 3; ++i) {
+      y[i].assign(size_t(n_tok * n_out[i]), NAN);
+      y1[i].assign(y[i].size(), NAN);
+      matmul(w[i], x.data(), n_tok, y1[i].data(), pool);
+    }
+    const WeightView* ws[3] = {&w[0], &w[1], &w[2]};
+    float* ys[3] = {y[0].data(), y[1].data(), y[2].data()};
+    matmul_group(ws, ys, 3, x.data(), n_tok, pool);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(y[i], y1[i]) << "matrix " << i << ", " << n_tok << " tokens";
+  }
+}
+
 TEST(Matmul, RejectsUnsupportedType) {
   std::vector<uint8_t> w(210);
   WeightView v{GgmlType::Q6_K, w.data(), 1, 256, 210};
@@ -75,6 +108,56 @@ TEST(Matmul, RejectsUnsupportedType) {
   ThreadPool pool(1);
   EXPECT_THROW(matmul(v, x.data(), 1, y.data(), pool), std::exception);
 }
+
+#endif
+
+// Each ISA path's row kernel against the int8 reference (matmul_q8_ref): row
+// counts around the kernels' 4-row groups, odd and even block counts (the
+// AVX-512 kernel takes blocks in pairs), several tokens.
+struct NamedKernel {
+  std::string name;
+  matmul_kernels::RowsKernel fn;
+  bool available;
+};
+std::vector<NamedKernel> kernels() {
+#if defined(KVT_TEST_EMULATED_AVX512)
+  return {{"avx512_emulated", matmul_kernels::rows_avx512_emulated, true}};
+#else
+  return {{"avx2", matmul_kernels::rows_avx2, cpu_supports(CpuPath::avx2)},
+          {"avx512", matmul_kernels::rows_avx512, cpu_supports(CpuPath::avx512)}};
+#endif
+}
+
+class MatmulKernel : public ::testing::TestWithParam<NamedKernel> {};
+
+TEST_P(MatmulKernel, MatchesInt8Reference) {
+  const NamedKernel& k = GetParam();
+  if (!k.available) GTEST_SKIP() << "this CPU has no " << k.name;
+  ThreadPool pool(2);
+  int seed = 7;
+  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0})
+    for (int64_t n_out : {1, 3, 4, 5, 9, 67})
+      for (int64_t n_in : {32, 64, 96, 576})
+        for (int64_t n_tok : {1, 3}) {
+          SCOPED_TRACE(std::string(ggml_type_name(type)) + " " + std::to_string(n_out) + "x" +
+                       std::to_string(n_in) + " tokens " + std::to_string(n_tok));
+          std::mt19937 rng(seed++);
+          auto w_bytes = make_weight(type, n_out, n_in, rng);
+          WeightView w{type, w_bytes.data(), n_out, n_in, ggml_row_bytes(type, n_in)};
+          std::normal_distribution<float> nd(0.0f, 1.0f);
+          std::vector<float> x(size_t(n_tok * n_in));
+          for (auto& v : x) v = nd(rng);
+          std::vector<float> y(size_t(n_tok * n_out), NAN), y_q8(y.size());
+          const WeightView* ws[1] = {&w};
+          float* ys[1] = {y.data()};
+          matmul_kernels::matmul_quantized_with(k.fn, ws, ys, 1, x.data(), n_tok, pool);
+          matmul_q8_ref(w, x.data(), n_tok, y_q8.data());
+          for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], y_q8[i], 1e-4 * (1 + std::fabs(y_q8[i]))) << i;
+        }
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, MatmulKernel, ::testing::ValuesIn(kernels()),
+                         [](const ::testing::TestParamInfo<NamedKernel>& i) { return i.param.name; });
 
 }  // namespace
 }  // namespace kvtier
