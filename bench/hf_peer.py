@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""HF transformers peer for `kvtier gpu-bench`: the same Llama-3.1-8B shapes with
-random bf16 weights, SDPA attention, its dynamic cache and its offloaded
-cache. Prints one table and writes JSON.
+"""HF transformers peer for `kvtier gpu-bench` and `kvtier perf`: the same
+Llama-3.1-8B shapes (or, with --model qwen3-30b-a3b, Qwen3-30B-A3B's: 48
+layers, 128 experts of width 768, 8 used per token) with random bf16 weights,
+SDPA attention, its dynamic cache and its offloaded cache. Prints one table and
+writes JSON.
 
 The KV cache of each context is filled with random K/V through the cache's own
 update() (prefilling 128K tokens through the model would take minutes); the
@@ -9,6 +11,7 @@ decode step is then timed with CUDA events (median of --steps), cropping the
 cache back after each step so every step sees the same context.
 
 Run on the GPU machine:  python3 bench/hf_peer.py --json out.json
+                         python3 bench/hf_peer.py --model qwen3-30b-a3b --layers 48 --json moe.json
 """
 import argparse
 import json
@@ -19,16 +22,27 @@ import transformers
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 
-def make_model(layers):
-    cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers,
-                      num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
-                      max_position_embeddings=131072, rope_theta=500000.0,
-                      rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-                      attn_implementation="sdpa", torch_dtype=torch.bfloat16)
+def make_model(layers, name="llama3.1-8b", experts_impl=None):
+    if name == "qwen3-30b-a3b":
+        from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+        cfg = Qwen3MoeConfig(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                             num_hidden_layers=layers, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                             vocab_size=151936, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+                             max_position_embeddings=262144, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                             tie_word_embeddings=False, attn_implementation="sdpa", torch_dtype=torch.bfloat16,
+                             **({"experts_implementation": experts_impl} if experts_impl else {}))
+        model_cls = Qwen3MoeForCausalLM
+    else:
+        cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers,
+                          num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
+                          max_position_embeddings=131072, rope_theta=500000.0,
+                          rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+                          attn_implementation="sdpa", torch_dtype=torch.bfloat16)
+        model_cls = LlamaForCausalLM
     torch.set_default_dtype(torch.bfloat16)
     with torch.device("cuda"):
-        model = LlamaForCausalLM(cfg)
+        model = model_cls(cfg)
     torch.set_default_dtype(torch.float32)
     model.eval()
     return cfg, model
@@ -46,9 +60,10 @@ def make_cache(cfg, offloaded):
 
 def fill_cache(cache, cfg, batch, ctx):
     g = torch.Generator(device="cuda").manual_seed(0)
+    n_kv = cfg.num_key_value_heads
     for layer in range(cfg.num_hidden_layers):
-        k = torch.randn(batch, 8, ctx, 128, device="cuda", dtype=torch.bfloat16, generator=g)
-        v = torch.randn(batch, 8, ctx, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+        k = torch.randn(batch, n_kv, ctx, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+        v = torch.randn(batch, n_kv, ctx, 128, device="cuda", dtype=torch.bfloat16, generator=g)
         cache.update(k, v, layer)
         del k, v
 
@@ -78,7 +93,7 @@ def decode(model, cfg, batch, ctx, steps, offloaded):
 
 @torch.no_grad()
 def prefill(model, tokens):
-    ids = torch.randint(0, 128256, (1, tokens), device="cuda")
+    ids = torch.randint(0, model.config.vocab_size, (1, tokens), device="cuda")
     model(input_ids=ids, use_cache=False, logits_to_keep=1)
     torch.cuda.synchronize()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -91,8 +106,11 @@ def prefill(model, tokens):
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--model", choices=["llama3.1-8b", "qwen3-30b-a3b"], default="llama3.1-8b")
     ap.add_argument("--layers", type=int, default=32)
-    ap.add_argument("--prefill", type=int, default=32768)
+    ap.add_argument("--experts-impl", default=None,
+                    help="MoE: transformers' experts_implementation (eager, batched_mm, grouped_mm); default: its own")
+    ap.add_argument("--prefill", default="32768", help="prompt lengths to time one prefill forward of (comma list)")
     ap.add_argument("--configs", default="dynamic:32768:1,dynamic:131072:1,dynamic:131072:4,offloaded:131072:1",
                     help="comma list of cache:context:batch")
     ap.add_argument("--steps", type=int, default=5)
@@ -101,13 +119,25 @@ def main():
     out = {"torch": torch.__version__, "transformers": transformers.__version__,
            "device": torch.cuda.get_device_name(0), "decode": []}
     t0 = time.time()
-    cfg, model = make_model(args.layers)
+    cfg, model = make_model(args.layers, args.model, args.experts_impl)
+    out["model"] = args.model
+    out["layers"] = args.layers
+    out["weights_gb"] = sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9
+    out["experts_implementation"] = str(getattr(cfg, "_experts_implementation", None))
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, {out['device']}; "
           f"model built in {time.time() - t0:.1f} s", flush=True)
-    if args.prefill:
-        ms = prefill(model, args.prefill)
-        out["prefill"] = {"tokens": args.prefill, "ms": ms, "tok_per_s": args.prefill / ms * 1e3}
-        print(f"HF prefill {args.prefill} tokens: {ms:.1f} ms, {args.prefill / ms * 1e3:.0f} tok/s", flush=True)
+    out["prefills"] = []
+    for n in [int(x) for x in args.prefill.split(",") if int(x) > 0]:
+        torch.cuda.empty_cache()
+        try:
+            ms = prefill(model, n)
+            row = {"tokens": n, "ms": ms, "tok_per_s": n / ms * 1e3}
+            print(f"HF prefill {n} tokens: {ms:.1f} ms, {n / ms * 1e3:.0f} tok/s", flush=True)
+        except torch.OutOfMemoryError:
+            row = {"tokens": n, "error": "out of memory"}
+            print(f"HF prefill {n} tokens: out of memory", flush=True)
+        out["prefills"].append(row)
+        out.setdefault("prefill", row)
     print(f"{'cache':<32} {'ctx':>7} {'batch':>5} {'step ms':>9} {'tok/s':>8} {'peak GB':>8}")
     for c in args.configs.split(","):
         kind, ctx, batch = c.split(":")

@@ -1,5 +1,5 @@
 // EngineOptions::device on a machine (or build) without CUDA: a clear error,
-// never a crash. The GPU path itself is tested by src/gpu/gpu_model_cuda_test.cpp.
+// never a crash. The GPU path itself is tested by src/model/model_cuda_test.cpp.
 #include <gtest/gtest.h>
 
 #include <string>

@@ -1,7 +1,10 @@
 // Logits of tiny random-weight Llama (Llama 3.1 RoPE scaling, sharded
 // safetensors), Qwen2 (q/k/v bias, tied embeddings) and Qwen3 (q/k norm,
 // head_dim != hidden/heads) against HF transformers' (fixtures made by
-// scripts/gen_hf_parity.py with transformers 5.17 on the GPU machine).
+// scripts/gen_hf_parity.py with transformers 5.17 on the GPU machine), and of
+// the mixtures of experts Qwen3-MoE (top-2 of 8 renormalized; a dense layer
+// between MoE layers with top-3 of 4 unnormalized) and Mixtral (transformers
+// 5.24, CPU).
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -43,7 +46,8 @@ TEST_P(HfParity, LogitsMatchTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, HfParity,
-                         ::testing::Values("hf_tiny_llama", "hf_tiny_qwen2", "hf_tiny_qwen3"));
+                         ::testing::Values("hf_tiny_llama", "hf_tiny_qwen2", "hf_tiny_qwen3", "hf_tiny_qwen3_moe",
+                                           "hf_tiny_qwen3_moe_mixed", "hf_tiny_mixtral"));
 
 }  // namespace
 }  // namespace kvtier

@@ -79,6 +79,14 @@ void run_info(const InfoArgs& a) {
   fmt::print("tied embeddings  {}\n", c.tied_embeddings ? "yes" : "no");
   fmt::print("qkv bias         {}\n", c.qkv_bias ? "yes" : "no");
   fmt::print("q/k norm         {}\n", c.qk_norm ? "yes" : "no");
+  if (c.is_moe()) {
+    int n_moe = 0;
+    for (int l = 0; l < c.n_layer; ++l) n_moe += c.is_moe_layer(l);
+    fmt::print("experts          {} of width {}, {} per token ({}renormalized{}), in {} of {} layers\n", c.n_expert,
+               c.n_ff_expert, c.n_expert_used, c.expert_norm_topk ? "" : "not ",
+               c.expert_weights_scale != 1.0f ? fmt::format(", scale {:g}", c.expert_weights_scale) : "", n_moe,
+               c.n_layer);
+  }
   fmt::print("eos token ids    [{}]\n", fmt::join(m.eos_token_ids, ", "));
   if (!m.gguf) {
     fmt::print("tokenizer.json   {}\n", m.tokenizer_json.empty() ? "(absent)" : m.tokenizer_json);

@@ -99,6 +99,22 @@ constexpr NamePair kLayerNames[] = {
     {"mlp.down_proj", "ffn_down"},        {"input_layernorm", "attn_norm"},
     {"post_attention_layernorm", "ffn_norm"},
 };
+// Mixture-of-experts layers: the router, and expert E's three matrices as
+// "blk.N.ffn_{gate,up,down}.E.weight" (llama.cpp's names for unstacked experts).
+constexpr NamePair kRouterNames[] = {
+    {"mlp.gate", "ffn_gate_inp"},              // qwen3_moe
+    {"block_sparse_moe.gate", "ffn_gate_inp"},  // mixtral
+};
+struct ExpertNames {
+  const char* prefix;  // after "model.layers.N.", before the expert index
+  const char* gate;    // after "E."
+  const char* up;
+  const char* down;
+};
+constexpr ExpertNames kQwenExperts{"mlp.experts.", "gate_proj", "up_proj", "down_proj"};
+constexpr ExpertNames kMixtralExperts{"block_sparse_moe.experts.", "w1", "w3", "w2"};
+constexpr const char* kExpertCanonical[] = {"ffn_gate", "ffn_up", "ffn_down"};
+
 constexpr NamePair kTopNames[] = {
     {"model.embed_tokens.weight", "token_embd.weight"},
     {"model.norm.weight", "output_norm.weight"},
@@ -130,6 +146,69 @@ std::string map_layer(int layer, std::string_view rest, bool to_canonical) {
   return {};
 }
 
+// "<prefix>E.<matrix>.weight" → "blk.N.ffn_<gate|up|down>.E.weight"; empty when no match.
+std::string map_expert_to_canonical(int layer, std::string_view rest) {
+  for (const ExpertNames* en : {&kQwenExperts, &kMixtralExperts}) {
+    std::string_view prefix = en->prefix;
+    if (rest.substr(0, prefix.size()) != prefix) continue;
+    int expert = 0;
+    std::string_view tail;
+    if (!split_layer(rest, prefix, &expert, &tail)) return {};
+    const char* mats[] = {en->gate, en->up, en->down};
+    for (int m = 0; m < 3; ++m)
+      if (tail == std::string(mats[m]) + ".weight")
+        return fmt::format("blk.{}.{}.{}.weight", layer, kExpertCanonical[m], expert);
+    return {};
+  }
+  for (const auto& p : kRouterNames)
+    if (rest == std::string(p.hf) + ".weight") return fmt::format("blk.{}.{}.weight", layer, p.canonical);
+  return {};
+}
+
+// The inverse, in the naming of `model_type` (mixtral or the qwen3_moe default).
+std::string map_expert_to_hf(int layer, std::string_view rest, std::string_view model_type) {
+  const bool mixtral = model_type == "mixtral";
+  if (rest == "ffn_gate_inp.weight")
+    return fmt::format("model.layers.{}.{}.weight", layer, kRouterNames[mixtral ? 1 : 0].hf);
+  const ExpertNames& en = mixtral ? kMixtralExperts : kQwenExperts;
+  const char* mats[] = {en.gate, en.up, en.down};
+  for (int m = 0; m < 3; ++m) {
+    int expert = 0;
+    std::string_view tail;
+    if (split_layer(rest, std::string(kExpertCanonical[m]) + ".", &expert, &tail) && tail == "weight")
+      return fmt::format("model.layers.{}.{}{}.{}.weight", layer, en.prefix, expert, mats[m]);
+  }
+  return {};
+}
+
+// Mixture-of-experts keys of qwen3_moe and mixtral.
+void parse_moe(const nlohmann::json& j, const std::string& file, const std::string& model_type,
+               ModelConfig* c) {
+  // transformers 5 writes Qwen3-MoE's num_experts under its alias num_local_experts.
+  const char* n_key = model_type == "mixtral" || !field(j, "num_experts") ? "num_local_experts" : "num_experts";
+  c->n_expert = get_dim(j, file, n_key);
+  c->n_expert_used = get_dim(j, file, "num_experts_per_tok");
+  KVT_CHECK(c->n_expert_used <= c->n_expert, "{}: \"num_experts_per_tok\" is {}, more than the {} experts",
+            file, c->n_expert_used, c->n_expert);
+  if (model_type == "mixtral") {
+    c->n_ff_expert = c->n_ff;
+    c->expert_norm_topk = true;  // MixtralTopKRouter always renormalizes
+    return;
+  }
+  c->n_ff_expert = get_dim(j, file, "moe_intermediate_size");
+  c->expert_norm_topk = get_bool(j, file, "norm_topk_prob", false);
+  c->moe_sparse_step = get_dim(j, file, "decoder_sparse_step", 1);
+  if (const nlohmann::json* dl = field(j, "mlp_only_layers")) {
+    KVT_CHECK(dl->is_array(), "{}: \"mlp_only_layers\" is {}, expected a list of layer indices", file,
+              dl->type_name());
+    for (const auto& v : *dl) {
+      KVT_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < c->n_layer,
+                "{}: \"mlp_only_layers\" entry {} is not a layer index in [0, {})", file, v.dump(), c->n_layer);
+      c->moe_dense_layers.push_back(v.get<int>());
+    }
+  }
+}
+
 }  // namespace
 
 ModelConfig parse_hf_config(const nlohmann::json& j, const std::string& file) {
@@ -140,15 +219,19 @@ ModelConfig parse_hf_config(const nlohmann::json& j, const std::string& file) {
   std::string model_type = mt->get<std::string>();
   if (model_type == "llama" || model_type == "qwen2" || model_type == "qwen3") {
     c.arch = model_type;
-  } else if (model_type == "mistral") {
-    // Mistral without a sliding window is a Llama.
+  } else if (model_type == "mistral" || model_type == "mixtral") {
+    // Mistral without a sliding window is a Llama; Mixtral is one with experts.
     const nlohmann::json* sw = field(j, "sliding_window");
-    KVT_CHECK(!sw, "{}: mistral with sliding_window {} is not supported (expected null)", file,
+    KVT_CHECK(!sw, "{}: {} with sliding_window {} is not supported (expected null)", file, model_type,
               sw ? sw->dump() : "");
     c.arch = "llama";
+  } else if (model_type == "qwen3_moe") {
+    KVT_CHECK(!get_bool(j, file, "use_sliding_window", false),
+              "{}: qwen3_moe with use_sliding_window true is not supported (expected false)", file);
+    c.arch = "qwen3moe";
   } else {
-    fail("{}: model_type \"{}\" is not supported (expected llama, mistral, qwen2 or qwen3)", file,
-         model_type);
+    fail("{}: model_type \"{}\" is not supported (expected llama, mistral, mixtral, qwen2, qwen3 or "
+         "qwen3_moe)", file, model_type);
   }
   const nlohmann::json* nm = field(j, "_name_or_path");
   c.name = nm && nm->is_string() ? nm->get<std::string>() : model_type;
@@ -167,7 +250,8 @@ ModelConfig parse_hf_config(const nlohmann::json& j, const std::string& file) {
   parse_rope_scaling(j, file, "rope_parameters", &c);
   c.tied_embeddings = get_bool(j, file, "tie_word_embeddings", false);
   c.qkv_bias = c.arch == "qwen2" || get_bool(j, file, "attention_bias", false);
-  c.qk_norm = c.arch == "qwen3";
+  c.qk_norm = c.arch == "qwen3" || c.arch == "qwen3moe";
+  if (model_type == "mixtral" || model_type == "qwen3_moe") parse_moe(j, file, model_type, &c);
   const nlohmann::json* act = field(j, "hidden_act");
   KVT_CHECK(!act || (act->is_string() && act->get<std::string>() == "silu"),
             "{}: hidden_act {} is not supported (expected \"silu\")", file, act ? act->dump() : "");
@@ -197,16 +281,18 @@ std::string hf_to_canonical_name(std::string_view hf) {
   int layer = 0;
   std::string_view rest;
   if (!split_layer(hf, "model.layers.", &layer, &rest)) return {};
-  return map_layer(layer, rest, true);
+  std::string name = map_layer(layer, rest, true);
+  return name.empty() ? map_expert_to_canonical(layer, rest) : name;
 }
 
-std::string canonical_to_hf_name(std::string_view canonical) {
+std::string canonical_to_hf_name(std::string_view canonical, std::string_view model_type) {
   for (const auto& p : kTopNames)
     if (canonical == p.canonical) return p.hf;
   int layer = 0;
   std::string_view rest;
   if (!split_layer(canonical, "blk.", &layer, &rest)) return {};
-  return map_layer(layer, rest, false);
+  std::string name = map_layer(layer, rest, false);
+  return name.empty() ? map_expert_to_hf(layer, rest, model_type) : name;
 }
 
 }  // namespace kvtier

@@ -52,8 +52,19 @@ const std::map<std::string, ModelConfig>& table() {
     std::map<std::string, ModelConfig> t;
     t["llama3.1-8b"] = llama("Llama-3.1-8B (shape)", 32, 4096, 32, 8, 14336);
     t["llama3.2-3b"] = llama("Llama-3.2-3B (shape)", 28, 3072, 24, 8, 8192);
+    t["llama3.2-3b"].tied_embeddings = true;
     t["llama3.1-70b"] = llama("Llama-3.1-70B (shape)", 80, 8192, 64, 8, 28672);
     t["qwen3-4b"] = qwen3("Qwen3-4B (shape)", 36, 2560, 32, 8, 9728);
+    t["qwen3-4b"].tied_embeddings = true;
+    // Qwen3-30B-A3B: every layer a mixture of 128 experts of width 768, 8 per
+    // token, renormalized (norm_topk_prob); n_ff is its unused dense width.
+    ModelConfig moe = qwen3("Qwen3-30B-A3B (shape)", 48, 2048, 32, 4, 6144);
+    moe.arch = "qwen3moe";
+    moe.n_expert = 128;
+    moe.n_expert_used = 8;
+    moe.n_ff_expert = 768;
+    moe.expert_norm_topk = true;
+    t["qwen3-30b-a3b"] = moe;
     ModelConfig s;
     s.arch = "llama";
     s.name = "SmolLM2-135M (shape)";

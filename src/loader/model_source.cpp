@@ -48,13 +48,39 @@ int gguf_dim(const GgufFile& g, const std::string& key, std::optional<int64_t> f
   return int(*v);
 }
 
+// Experts of qwen3moe (always) and of llama (Mixtral: when expert_count > 0),
+// with llama.cpp's semantics: every layer is MoE, the routing weights are the
+// softmax over all experts, top-k, renormalized, times expert_weights_scale
+// when that is set to neither 0 nor 1.
+void gguf_moe_config(const GgufFile& g, const std::string& p, ModelConfig* c) {
+  const std::string& file = g.path();
+  const int64_t n_expert = g.get_int(p + "expert_count").value_or(0);
+  if (c->arch == "qwen3moe")
+    KVT_CHECK(n_expert > 0, "{}: qwen3moe needs '{}expert_count' > 0", file, p);
+  if (n_expert == 0) return;
+  c->n_expert = gguf_dim(g, p + "expert_count");
+  c->n_expert_used = gguf_dim(g, p + "expert_used_count");
+  KVT_CHECK(c->n_expert_used <= c->n_expert, "{}: '{}expert_used_count' is {}, more than the {} experts", file, p,
+            c->n_expert_used, c->n_expert);
+  for (const char* key : {"expert_shared_count", "expert_shared_feed_forward_length"})
+    if (auto v = g.get_int(p + key))
+      KVT_CHECK(*v == 0, "{}: '{}{}' is {}: shared experts are not supported", file, p, key, *v);
+  // llama.cpp's qwen3moe falls back to n_ff / n_expert_used without the key.
+  c->n_ff_expert = c->arch == "qwen3moe"
+                       ? gguf_dim(g, p + "expert_feed_forward_length", c->n_ff / c->n_expert_used)
+                       : c->n_ff;
+  c->expert_norm_topk = true;
+  if (auto v = g.get_float(p + "expert_weights_scale"); v && *v != 0.0)
+    c->expert_weights_scale = float(*v);
+}
+
 ModelConfig gguf_config(const GgufFile& g) {
   const std::string& file = g.path();
   ModelConfig c;
   auto arch = g.get_string("general.architecture");
   KVT_CHECK(arch, "{}: missing metadata key 'general.architecture'", file);
-  if (*arch != "llama" && *arch != "qwen2" && *arch != "qwen3")
-    fail("{}: architecture '{}' is not supported (expected llama, qwen2 or qwen3)", file, *arch);
+  if (*arch != "llama" && *arch != "qwen2" && *arch != "qwen3" && *arch != "qwen3moe")
+    fail("{}: architecture '{}' is not supported (expected llama, qwen2, qwen3 or qwen3moe)", file, *arch);
   c.arch = *arch;
   const std::string p = c.arch + ".";
   c.name = g.get_string("general.name").value_or(fs::path(file).stem().string());
@@ -92,6 +118,7 @@ ModelConfig gguf_config(const GgufFile& g) {
   if (auto v = g.get_int(p + "rope.scaling.original_context_length"))
     c.rope_original_ctx = int(std::clamp<int64_t>(*v, 1, 1 << 30));
   KVT_CHECK(c.rope_factor > 0, "{}: rope scaling factor is {}, expected > 0", file, c.rope_factor);
+  gguf_moe_config(g, p, &c);
   return c;
 }
 
@@ -249,6 +276,32 @@ void expect_tensor(const ModelSource& src, const std::string& name,
               "{}: tensor '{}' has type {}, expected F32, F16 or BF16", t->source, name, tr.name);
 }
 
+// A MoE layer: the router and the experts, stacked ([n_expert, rows, cols]
+// per matrix, as GGUF stores them) or one tensor per expert (Hugging Face).
+void expect_experts(const ModelSource& src, int l) {
+  const ModelConfig& c = src.config;
+  const int64_t d = c.n_embd, f = c.n_ff_expert, n = c.n_expert;
+  KVT_CHECK(c.n_expert_used >= 1 && c.n_expert_used <= c.n_expert && f > 0,
+            "{}: {} experts, {} used per token, expert width {}: expected 1 <= used <= experts and a width > 0",
+            src.path, c.n_expert, c.n_expert_used, f);
+  auto name = [l](const std::string& s) { return fmt::format("blk.{}.{}", l, s); };
+  expect_tensor(src, name("ffn_gate_inp.weight"), {n, d}, false);
+  if (src.find(name("ffn_gate_exps.weight")) || src.find(name("ffn_down_exps.weight"))) {
+    expect_tensor(src, name("ffn_gate_exps.weight"), {n, f, d}, false);
+    expect_tensor(src, name("ffn_up_exps.weight"), {n, f, d}, false);
+    expect_tensor(src, name("ffn_down_exps.weight"), {n, d, f}, false);
+    return;
+  }
+  KVT_CHECK(src.find(name("ffn_gate.0.weight")),
+            "{}: missing tensor '{}' (expected shape [{}, {}, {}]) or the per-expert '{}', required by the {} "
+            "experts of layer {}", src.path, name("ffn_gate_exps.weight"), n, f, d, name("ffn_gate.0.weight"), n, l);
+  for (int64_t e = 0; e < n; ++e) {
+    expect_tensor(src, name(fmt::format("ffn_gate.{}.weight", e)), {f, d}, false);
+    expect_tensor(src, name(fmt::format("ffn_up.{}.weight", e)), {f, d}, false);
+    expect_tensor(src, name(fmt::format("ffn_down.{}.weight", e)), {d, f}, false);
+  }
+}
+
 void validate(const ModelSource& src) {
   check_config(src);
   const ModelConfig& c = src.config;
@@ -266,9 +319,13 @@ void validate(const ModelSource& src) {
     expect_tensor(src, n("attn_v.weight"), {kv_dim, d}, false);
     expect_tensor(src, n("attn_output.weight"), {d, q_dim}, false);
     expect_tensor(src, n("ffn_norm.weight"), {d}, true);
-    expect_tensor(src, n("ffn_gate.weight"), {c.n_ff, d}, false);
-    expect_tensor(src, n("ffn_up.weight"), {c.n_ff, d}, false);
-    expect_tensor(src, n("ffn_down.weight"), {d, c.n_ff}, false);
+    if (c.is_moe_layer(l)) {
+      expect_experts(src, l);
+    } else {
+      expect_tensor(src, n("ffn_gate.weight"), {c.n_ff, d}, false);
+      expect_tensor(src, n("ffn_up.weight"), {c.n_ff, d}, false);
+      expect_tensor(src, n("ffn_down.weight"), {d, c.n_ff}, false);
+    }
     if (c.qkv_bias) {
       expect_tensor(src, n("attn_q.bias"), {q_dim}, true);
       expect_tensor(src, n("attn_k.bias"), {kv_dim}, true);

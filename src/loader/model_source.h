@@ -5,7 +5,11 @@
 // Canonical names: token_embd.weight, output_norm.weight, output.weight,
 // blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, attn_q_norm,
 // attn_k_norm, ffn_norm, ffn_gate, ffn_up, ffn_down}.weight and
-// blk.N.attn_{q,k,v}.bias.
+// blk.N.attn_{q,k,v}.bias. Mixture-of-experts layers: blk.N.ffn_gate_inp.weight
+// (the router, [n_expert, n_embd]) and the experts either stacked,
+// blk.N.ffn_{gate,up,down}_exps.weight ([n_expert, n_ff_expert, n_embd] and
+// [n_expert, n_embd, n_ff_expert], GGUF), or one tensor per expert E,
+// blk.N.ffn_{gate,up,down}.E.weight (Hugging Face checkpoints).
 #pragma once
 #include <memory>
 #include <string>

@@ -4,7 +4,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
+#include <regex>
 
 #include "core/status.h"
 #include "loader/hf_config.h"
@@ -259,6 +261,18 @@ std::vector<FloatTensor> tiny_float_weights(const ModelConfig& c, uint32_t seed)
       vec(n("attn_k_norm.weight"), c.head_dim, 1.0f, 0.1f);
     }
     vec(n("ffn_norm.weight"), d, 1.0f, 0.1f);
+    if (c.is_moe_layer(l)) {
+      // The router stays F32 (llama.cpp never quantizes it); logits ~ N(0, 1).
+      matrix(n("ffn_gate_inp.weight"), c.n_expert, d, 1.0f / std::sqrt(float(d)));
+      out.back().is_matrix = false;
+      const int64_t f = c.n_ff_expert;
+      for (int e = 0; e < c.n_expert; ++e) {
+        matrix(fmt::format("blk.{}.ffn_gate.{}.weight", l, e), f, d, 1.0f / std::sqrt(float(d)));
+        matrix(fmt::format("blk.{}.ffn_up.{}.weight", l, e), f, d, 1.0f / std::sqrt(float(d)));
+        matrix(fmt::format("blk.{}.ffn_down.{}.weight", l, e), d, f, 1.0f / std::sqrt(float(f)));
+      }
+      continue;
+    }
     matrix(n("ffn_gate.weight"), c.n_ff, d, 1.0f / std::sqrt(float(d)));
     matrix(n("ffn_up.weight"), c.n_ff, d, 1.0f / std::sqrt(float(d)));
     matrix(n("ffn_down.weight"), d, c.n_ff, 1.0f / std::sqrt(float(c.n_ff)));
@@ -293,6 +307,40 @@ std::vector<float> llama3_rope_factors(const ModelConfig& c) {
     }
   }
   return f;
+}
+
+// GGUF stores a layer's experts stacked: blk.N.ffn_gate.E.weight for every E
+// → blk.N.ffn_gate_exps.weight [n_expert, rows, cols] (likewise up, down),
+// placed where expert 0's matrix was.
+std::vector<FloatTensor> stack_experts(std::vector<FloatTensor> in, int n_expert) {
+  static const std::regex per_expert(R"(blk\.(\d+)\.(ffn_(?:gate|up|down))\.(\d+)\.weight)");
+  std::vector<FloatTensor> out;
+  std::map<std::string, size_t> stack_at;  // stacked name → index in out
+  for (auto& t : in) {
+    std::smatch m;
+    if (!std::regex_match(t.name, m, per_expert)) {
+      out.push_back(std::move(t));
+      continue;
+    }
+    const std::string name = fmt::format("blk.{}.{}_exps.weight", m[1].str(), m[2].str());
+    auto it = stack_at.find(name);
+    if (it == stack_at.end()) {
+      it = stack_at.emplace(name, out.size()).first;
+      out.push_back({name, {n_expert, t.shape[0], t.shape[1]}, {}, true});
+    }
+    KVT_CHECK(std::stoi(m[3].str()) * t.values.size() == out[it->second].values.size(),
+              "stack_experts: {} out of order", t.name);
+    auto& v = out[it->second].values;
+    v.insert(v.end(), t.values.begin(), t.values.end());
+  }
+  return out;
+}
+
+// model_type of config.json for an arch (Mixtral is a llama with experts).
+std::string hf_model_type(const ModelConfig& c) {
+  if (c.arch == "qwen3moe") return "qwen3_moe";
+  if (c.arch == "llama" && c.is_moe()) return "mixtral";
+  return c.arch;
 }
 
 }  // namespace
@@ -341,12 +389,24 @@ GgufMetadata gguf_metadata_for(const ModelConfig& c) {
     m.emplace_back(p + "rope.scaling.type", GgufMetaValue::str("linear"));
     m.emplace_back(p + "rope.scaling.factor", GgufMetaValue::f32(c.rope_factor));
   }
+  if (c.is_moe()) {
+    // llama.cpp's MoE archs renormalize the top-k and make every layer MoE.
+    KVT_CHECK(c.expert_norm_topk && c.moe_sparse_step == 1 && c.moe_dense_layers.empty(),
+              "gguf_metadata_for: GGUF MoE models renormalize the top-k weights and have no dense layers");
+    m.emplace_back(p + "expert_count", GgufMetaValue::u32(uint32_t(c.n_expert)));
+    m.emplace_back(p + "expert_used_count", GgufMetaValue::u32(uint32_t(c.n_expert_used)));
+    if (c.arch == "qwen3moe")
+      m.emplace_back(p + "expert_feed_forward_length", GgufMetaValue::u32(uint32_t(c.n_ff_expert)));
+    else
+      KVT_CHECK(c.n_ff == c.n_ff_expert, "gguf_metadata_for: llama experts are n_ff wide ({} != {})", c.n_ff,
+                c.n_ff_expert);
+  }
   return m;
 }
 
 nlohmann::json hf_config_for(const ModelConfig& c) {
   nlohmann::json j = {
-      {"model_type", c.arch},
+      {"model_type", hf_model_type(c)},
       {"_name_or_path", c.name.empty() ? "tiny-" + c.arch : c.name},
       {"num_hidden_layers", c.n_layer},
       {"hidden_size", c.n_embd},
@@ -371,12 +431,27 @@ nlohmann::json hf_config_for(const ModelConfig& c) {
                          {"original_max_position_embeddings", c.rope_original_ctx}};
   if (c.rope_scaling == RopeScaling::linear)
     j["rope_scaling"] = {{"type", "linear"}, {"factor", c.rope_factor}};
+  if (hf_model_type(c) == "mixtral") {
+    KVT_CHECK(c.n_ff == c.n_ff_expert && c.expert_norm_topk && c.moe_sparse_step == 1 && c.moe_dense_layers.empty(),
+              "hf_config_for: mixtral experts are intermediate_size wide, renormalized, in every layer");
+    j["num_local_experts"] = c.n_expert;
+    j["num_experts_per_tok"] = c.n_expert_used;
+    j["sliding_window"] = nullptr;
+  } else if (c.arch == "qwen3moe") {
+    j["num_experts"] = c.n_expert;
+    j["num_experts_per_tok"] = c.n_expert_used;
+    j["moe_intermediate_size"] = c.n_ff_expert;
+    j["norm_topk_prob"] = c.expert_norm_topk;
+    j["decoder_sparse_step"] = c.moe_sparse_step;
+    j["mlp_only_layers"] = c.moe_dense_layers;
+    j["use_sliding_window"] = false;
+  }
   return j;
 }
 
 void write_tiny_gguf(const std::string& path, const ModelConfig& c, GgmlType weight_type, uint32_t seed,
                      const GgufMetadata& extra) {
-  auto weights = tiny_float_weights(c, seed);
+  auto weights = stack_experts(tiny_float_weights(c, seed), c.n_expert);
   std::vector<WriterTensor> tensors;
   for (auto& t : weights) {
     bool is_q = t.name.find(".attn_q.") != std::string::npos;
@@ -399,7 +474,7 @@ void write_tiny_hf_dir(const std::string& dir, const ModelConfig& c, GgmlType we
                        const HfDirOptions& options) {
   std::vector<WriterTensor> tensors;
   for (auto& t : make_tiny_weights(c, weight_type, seed)) {
-    t.name = canonical_to_hf_name(t.name);
+    t.name = canonical_to_hf_name(t.name, hf_model_type(c));
     tensors.push_back(std::move(t));
   }
   write_hf_dir(dir, hf_config_for(c), tensors, options);

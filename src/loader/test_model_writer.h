@@ -75,8 +75,9 @@ void write_hf_dir(const std::string& dir, const nlohmann::json& config,
 // ---- tiny random models --------------------------------------------------------
 
 // Random weights for `c` under canonical names, in the Hugging Face layout
-// (q/k rows not permuted), deterministic in `seed`. Linear weights and the
-// embeddings are stored as `weight_type`; norms and biases as F32.
+// (q/k rows not permuted, one tensor per expert), deterministic in `seed`.
+// Linear weights and the embeddings are stored as `weight_type`; norms,
+// biases and MoE routers as F32.
 std::vector<WriterTensor> make_tiny_weights(const ModelConfig& c, GgmlType weight_type, uint32_t seed);
 // GGUF metadata describing `c` (architecture keys only; add tokenizer keys as needed).
 GgufMetadata gguf_metadata_for(const ModelConfig& c);
@@ -87,8 +88,9 @@ nlohmann::json hf_config_for(const ModelConfig& c);
 // row h*hd + c*hd/2 + i (what llama.cpp's converter does).
 std::vector<float> permute_for_gguf_llama(const std::vector<float>& rows, int n_heads, int head_dim,
                                           int64_t row_len);
-// Writes `c` with random weights as a GGUF file (q/k permuted when arch is llama)
-// or as a Hugging Face directory (weight_type must then be F32, F16 or BF16).
+// Writes `c` with random weights as a GGUF file (q/k permuted when arch is llama,
+// experts stacked) or as a Hugging Face directory (weight_type must then be
+// F32, F16 or BF16; MoE: qwen3_moe, or mixtral for a llama with experts).
 void write_tiny_gguf(const std::string& path, const ModelConfig& c, GgmlType weight_type, uint32_t seed,
                      const GgufMetadata& extra = {});
 void write_tiny_hf_dir(const std::string& dir, const ModelConfig& c, GgmlType weight_type, uint32_t seed,

@@ -1,6 +1,7 @@
 // The forward pass of the Llama family, as straight-line op calls over the
 // scratch buffers (STYLE rule 1). Qwen2 adds q/k/v biases, Qwen3 RMSNorm over
-// each head of q and k before RoPE.
+// each head of q and k before RoPE; the MoE layers of Qwen3-MoE and Mixtral
+// replace the SwiGLU block by the mixture of experts (ops/moe).
 #include <cmath>
 #include <cstring>
 
@@ -70,17 +71,23 @@ void Model::forward(const int32_t* tokens, int n_tok, int64_t pos0, KvCache& kv,
     matmul(L.wo, s.att.data(), n_tok, s.xb.data(), pool);
     for (size_t i = 0; i < size_t(n_tok) * E; ++i) s.x[i] += s.xb[i];
 
-    // Feed-forward block (SwiGLU).
+    // Feed-forward block: the mixture of experts, or one SwiGLU.
     rmsnorm(s.x.data(), L.ffn_norm.data(), n_tok, E, c.rms_eps, s.xb.data());
-    {
-      // gate, up: [n_tok, n_ff]
-      const WeightView* ws[2] = {&L.w_gate, &L.w_up};
-      float* ys[2] = {s.gate.data(), s.up.data()};
-      matmul_group(ws, ys, 2, s.xb.data(), n_tok, pool);
+    const float* ffn_out = s.xb.data();  // [n_tok, n_embd]
+    if (c.is_moe_layer(l)) {
+      moe_ffn(L.moe, moe_, s.xb.data(), n_tok, s.moe_out.data(), s.moe, pool);
+      ffn_out = s.moe_out.data();
+    } else {
+      {
+        // gate, up: [n_tok, n_ff]
+        const WeightView* ws[2] = {&L.w_gate, &L.w_up};
+        float* ys[2] = {s.gate.data(), s.up.data()};
+        matmul_group(ws, ys, 2, s.xb.data(), n_tok, pool);
+      }
+      swiglu(s.gate.data(), s.up.data(), int64_t(n_tok) * c.n_ff, s.gate.data());
+      matmul(L.w_down, s.gate.data(), n_tok, s.xb.data(), pool);
     }
-    swiglu(s.gate.data(), s.up.data(), int64_t(n_tok) * c.n_ff, s.gate.data());
-    matmul(L.w_down, s.gate.data(), n_tok, s.xb.data(), pool);
-    for (size_t i = 0; i < size_t(n_tok) * E; ++i) s.x[i] += s.xb[i];
+    for (size_t i = 0; i < size_t(n_tok) * E; ++i) s.x[i] += ffn_out[i];
   }
 
   if (n_logits == 0) return;

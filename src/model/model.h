@@ -1,6 +1,8 @@
-// A Llama-family decoder (Llama 2/3.x, SmolLM2, Qwen2/2.5, Qwen3) on the CPU:
-// weights viewed in place from the memory-mapped file where the matmul runs
-// their type natively, converted to f32 otherwise; a straight-line forward.
+// A Llama-family decoder (Llama 2/3.x, SmolLM2, Qwen2/2.5, Qwen3, and the
+// mixtures of experts Qwen3-MoE and Mixtral) on the CPU: weights viewed in
+// place from the memory-mapped file where the matmul runs their type
+// natively, converted to f32 otherwise (experts: when used, see ops/moe); a
+// straight-line forward.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -11,6 +13,7 @@
 #include "loader/model_source.h"
 #include "kvtier/model_config.h"
 #include "ops/matmul/matmul.h"
+#include "ops/moe/moe.h"
 #include "ops/rope/rope.h"
 
 namespace kvtier {
@@ -22,12 +25,22 @@ struct LayerWeights {
   std::vector<float> q_norm, k_norm;           // [head_dim] or empty
   std::vector<float> ffn_norm;                 // [n_embd]
   WeightView w_gate, w_up, w_down;             // [n_ff, n_embd], [n_ff, n_embd], [n_embd, n_ff]
+  MoeWeights moe;                              // MoE layers instead of w_gate/w_up/w_down
 };
+
+// Layer l's router and experts (a MoE layer of src), viewed in place: slices
+// of the stacked GGUF tensors or the per-expert tensors of a Hugging Face
+// checkpoint. The router is viewed as stored (callers convert it if needed).
+MoeWeights view_experts(const ModelSource& src, int layer);
+// The MoE block's sizes and routing rule from a model's config.
+MoeConfig moe_config(const ModelConfig& c);
 
 // Per-sequence working memory for up to `capacity` tokens per forward.
 struct ForwardScratch {
   int capacity = 0;
   std::vector<float> x, xb, q, k, k_pre, v, att, gate, up;
+  std::vector<float> moe_out;  // [capacity, n_embd] (MoE models)
+  MoeScratch moe;
   std::vector<int64_t> positions;
 };
 
@@ -60,6 +73,7 @@ class Model {
   WeightView output_;
   std::vector<float> output_norm_;
   std::unique_ptr<Rope> rope_;
+  MoeConfig moe_;  // MoE models
 };
 
 }  // namespace kvtier

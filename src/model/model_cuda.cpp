@@ -2,7 +2,8 @@
 // forward pass, straight-line op calls mirroring Model::forward
 // (src/model/llama_forward.cpp). Differences from the CPU path, all from the
 // storage type: activations and the residual stream are bf16 between ops
-// (f32 math inside each op); logits are f32.
+// (f32 math inside each op); logits are f32. MoE layers (Qwen3-MoE, Mixtral)
+// run ops/moe/moe_cuda.h instead of the SwiGLU block.
 #include "model/model_cuda.h"
 
 #include <fmt/format.h>
@@ -20,6 +21,7 @@
 #include "model/model.h"
 #include "ops/dequant/dequant.h"
 #include "ops/gemm/gemm_cuda.h"
+#include "ops/moe/moe_cuda.h"
 #include "ops/rmsnorm/rmsnorm_cuda.h"
 #include "ops/rope/rope.h"
 #include "ops/rope/rope_cuda.h"
@@ -53,6 +55,22 @@ std::vector<uint16_t> to_bf16(const TensorRef& t, int64_t n_rows, int64_t n_cols
   return out;
 }
 
+// A weight view (any dequantizable type) appended to `out` as bf16 bits:
+// [n_out, n_in] bf16 after what `out` held.
+void append_bf16(const WeightView& w, std::vector<uint16_t>& out) {
+  KVT_CHECK(dequant_supported(w.type), "type {} cannot be dequantized for the GPU", ggml_type_name(w.type));
+  const size_t base = out.size();
+  out.resize(base + size_t(w.n_out * w.n_in));
+  default_pool().parallel_for(w.n_out, 8, [&](int64_t r0, int64_t r1, int) {
+    std::vector<float> row(static_cast<size_t>(w.n_in));  // [n_in] f32
+    for (int64_t r = r0; r < r1; ++r) {
+      dequantize_row(w.type, w.row(r), row.data(), w.n_in);
+      uint16_t* dst = &out[base + size_t(r * w.n_in)];
+      for (int64_t i = 0; i < w.n_in; ++i) dst[i] = f32_to_bf16(row[size_t(i)]);
+    }
+  });
+}
+
 std::vector<float> to_f32(const TensorRef& t, int64_t n) {
   KVT_CHECK(t.n_elements() == n, "{}: {} values, expected {}", t.source, t.n_elements(), n);
   std::vector<float> v(static_cast<size_t>(n));
@@ -75,7 +93,38 @@ struct GpuLayer {
   DeviceBuffer q_norm, k_norm;       // [head_dim] bf16 or empty (Qwen3)
   DeviceBuffer w_gate_up;            // [2 * n_ff, n_embd] bf16: gate rows, then up rows
   DeviceBuffer w_down;               // [n_embd, n_ff] bf16
+  // MoE layers instead of w_gate_up / w_down (ops/moe/moe_cuda.h):
+  DeviceBuffer moe_router;   // [n_expert, n_embd] bf16
+  DeviceBuffer moe_gate_up;  // [n_expert, 2 * n_ff_expert, n_embd] bf16: expert e's gate rows, then its up rows
+  DeviceBuffer moe_down;     // [n_expert, n_embd, n_ff_expert] bf16
+  cuda::MoeDeviceWeights moe() const { return {moe_router.data(), moe_gate_up.data(), moe_down.data()}; }
 };
+
+// A MoE layer's router and experts, dequantized and uploaded one expert at a
+// time, so that host memory holds one expert in bf16, never the layer's.
+void upload_experts(const ModelSource& src, int l, GpuLayer* L, size_t* total) {
+  const ModelConfig& c = src.config;
+  const MoeWeights w = view_experts(src, l);
+  std::vector<uint16_t> buf;  // [n_expert, n_embd], then one expert's matrices, bf16
+  append_bf16(w.router, buf);
+  L->moe_router = upload(buf, total);
+  const size_t gu_bytes = size_t(2) * size_t(c.n_ff_expert) * size_t(c.n_embd) * 2;  // one expert's gate|up
+  const size_t down_bytes = gu_bytes / 2;                                             // one expert's down
+  L->moe_gate_up = DeviceBuffer(gu_bytes * size_t(c.n_expert));
+  L->moe_down = DeviceBuffer(down_bytes * size_t(c.n_expert));
+  for (int e = 0; e < c.n_expert; ++e) {
+    buf.clear();
+    append_bf16(w.gate[size_t(e)], buf);
+    append_bf16(w.up[size_t(e)], buf);
+    KVT_CUDA_CHECK(cudaMemcpy(L->moe_gate_up.data<uint8_t>() + size_t(e) * gu_bytes, buf.data(), gu_bytes,
+                              cudaMemcpyHostToDevice));
+    buf.clear();
+    append_bf16(w.down[size_t(e)], buf);
+    KVT_CUDA_CHECK(cudaMemcpy(L->moe_down.data<uint8_t>() + size_t(e) * down_bytes, buf.data(), down_bytes,
+                              cudaMemcpyHostToDevice));
+  }
+  *total += L->moe_gate_up.bytes() + L->moe_down.bytes();
+}
 
 class CudaSequence;
 
@@ -115,6 +164,8 @@ CudaModel::CudaModel(const Model& model, bool graphs) : model_(model), c_(model.
   KVT_CHECK(c.n_embd % 8 == 0 && c.n_ff % 8 == 0 && c.n_embd <= 8192,
             "{}: n_embd {} and n_ff {} must be multiples of 8 (n_embd <= 8192) on the GPU", src.path, c.n_embd,
             c.n_ff);
+  KVT_CHECK(!c.is_moe() || c.n_ff_expert % 8 == 0, "{}: the expert width {} must be a multiple of 8 on the GPU",
+            src.path, c.n_ff_expert);
   const int64_t E = c.n_embd, q_dim = int64_t(c.n_head) * c.head_dim, kv_dim = int64_t(c.n_kv_head) * c.head_dim;
   size_t* total = &weight_bytes_;
   if (src.shape_only) {
@@ -143,6 +194,10 @@ CudaModel::CudaModel(const Model& model, bool graphs) : model_(model), c_(model.
     L.bv = maybe_bias(name("attn_v.bias"), kv_dim);
     if (src.find(name("attn_q_norm.weight"))) L.q_norm = vec_bf16(name("attn_q_norm.weight"), c.head_dim);
     if (src.find(name("attn_k_norm.weight"))) L.k_norm = vec_bf16(name("attn_k_norm.weight"), c.head_dim);
+    if (c.is_moe_layer(l)) {
+      upload_experts(src, l, &L, total);
+      continue;
+    }
     std::vector<uint16_t> gate_up = to_bf16(src.tensor(name("ffn_gate.weight")), c.n_ff, E);
     const std::vector<uint16_t> up = to_bf16(src.tensor(name("ffn_up.weight")), c.n_ff, E);
     gate_up.insert(gate_up.end(), up.begin(), up.end());
@@ -160,8 +215,8 @@ CudaModel::CudaModel(const Model& model, bool graphs) : model_(model), c_(model.
   weight_bytes_ -= inv_freq_.bytes();
 }
 
-// A model shape (no weights): every matrix uniform in ±1/√n_in and every
-// norm 1, made on the GPU from a counter-based hash (no files, no host copy),
+// A model shape (no weights): every matrix (routers and experts included)
+// uniform in ±1/√n_in and every norm 1, made on the GPU from a counter-based hash (no files, no host copy),
 // for speed and memory runs at real shapes.
 void CudaModel::random_weights() {
   const ModelConfig& c = c_;
@@ -182,7 +237,8 @@ void CudaModel::random_weights() {
     return d;
   };
   layers_.resize(size_t(c.n_layer));
-  for (GpuLayer& L : layers_) {
+  for (int l = 0; l < c.n_layer; ++l) {
+    GpuLayer& L = layers_[size_t(l)];
     L.attn_norm = ones(E);
     L.ffn_norm = ones(E);
     L.wq = mat(q_dim, E);
@@ -192,6 +248,13 @@ void CudaModel::random_weights() {
     if (c.qk_norm) {
       L.q_norm = ones(c.head_dim);
       L.k_norm = ones(c.head_dim);
+    }
+    if (c.is_moe_layer(l)) {
+      const int64_t n_exp = c.n_expert, F = c.n_ff_expert;
+      L.moe_router = mat(n_exp, E);
+      L.moe_gate_up = mat(n_exp * 2 * F, E);  // [n_expert, 2 F, n_embd]
+      L.moe_down = mat(n_exp * E, F);         // [n_expert, n_embd, F]
+      continue;
     }
     L.w_gate_up = mat(2 * int64_t(c.n_ff), E);
     L.w_down = mat(E, c.n_ff);
@@ -231,9 +294,10 @@ class CudaSequence final : public GpuSequence {
   DeviceBuffer k_;      // [cap, n_kv_head, head_dim] bf16
   DeviceBuffer v_;      // [cap, n_kv_head, head_dim] bf16
   DeviceBuffer att_;    // [cap, n_head, head_dim] bf16
-  DeviceBuffer gu_;     // [cap, 2 * n_ff] bf16
-  DeviceBuffer h_;      // [cap, n_ff] bf16
+  DeviceBuffer gu_;     // [cap, 2 * n_ff] bf16 (empty when every layer is MoE)
+  DeviceBuffer h_;      // [cap, n_ff] bf16 (empty when every layer is MoE)
   DeviceBuffer logits_; // [cap, n_vocab] f32
+  std::unique_ptr<cuda::MoeRunner> moe_;  // MoE models: the expert block's working memory
   PinnedBuffer h_ids_, h_pos_;  // staging of the step's inputs
   PinnedBuffer h_logits_;       // [n_vocab] f32: a decode step's logits (a graph's copy target)
   cudaGraphExec_t graph_ = nullptr;
@@ -263,9 +327,14 @@ CudaSequence::CudaSequence(CudaModel& m, int capacity)
   k_ = DeviceBuffer(n * size_t(kv_dim_) * bf);
   v_ = DeviceBuffer(n * size_t(kv_dim_) * bf);
   att_ = DeviceBuffer(n * size_t(q_dim_) * bf);
-  gu_ = DeviceBuffer(n * 2 * size_t(c_.n_ff) * bf);
-  h_ = DeviceBuffer(n * size_t(c_.n_ff) * bf);
+  bool any_dense = false;  // MoE models may have no SwiGLU layer at all
+  for (int l = 0; l < c_.n_layer; ++l) any_dense = any_dense || !c_.is_moe_layer(l);
+  if (any_dense) {
+    gu_ = DeviceBuffer(n * 2 * size_t(c_.n_ff) * bf);
+    h_ = DeviceBuffer(n * size_t(c_.n_ff) * bf);
+  }
   logits_ = DeviceBuffer(n * size_t(c_.n_vocab) * 4);
+  if (c_.is_moe()) moe_ = std::make_unique<cuda::MoeRunner>(moe_config(c_), capacity);
   h_ids_ = PinnedBuffer(n * 4);
   h_pos_ = PinnedBuffer(n * 8);
   h_logits_ = PinnedBuffer(n * size_t(c_.n_vocab) * 4);
@@ -366,11 +435,15 @@ void CudaSequence::run(int n_tok, KvCache& kv, int n_logits) {
     kv.attend(l, q_.data(), q_dim_, n_tok, scale, att_.data());  // att: [n_tok, n_head, hd]
     gemm.run(n_tok, E, q_dim_, att_.data(), L.wo.data(), delta_.data(), s_);
 
-    // Feed-forward block (SwiGLU).
+    // Feed-forward block: the mixture of experts, or one SwiGLU.
     cuda::add_rmsnorm(x_.data(), delta_.data(), L.ffn_norm.data(), n_tok, E, c.rms_eps, xb_.data(), s_);
-    gemm.run(n_tok, 2 * int64_t(c.n_ff), E, xb_.data(), L.w_gate_up.data(), gu_.data(), s_);  // [n_tok, 2 n_ff]
-    cuda::swiglu(gu_.data(), n_tok, c.n_ff, h_.data(), s_);                                   // [n_tok, n_ff]
-    gemm.run(n_tok, E, c.n_ff, h_.data(), L.w_down.data(), delta_.data(), s_);
+    if (c.is_moe_layer(l)) {
+      moe_->run(L.moe(), xb_.data(), n_tok, delta_.data(), gemm, s_);  // [n_tok, n_embd]
+    } else {
+      gemm.run(n_tok, 2 * int64_t(c.n_ff), E, xb_.data(), L.w_gate_up.data(), gu_.data(), s_);  // [n_tok, 2 n_ff]
+      cuda::swiglu(gu_.data(), n_tok, c.n_ff, h_.data(), s_);                                   // [n_tok, n_ff]
+      gemm.run(n_tok, E, c.n_ff, h_.data(), L.w_down.data(), delta_.data(), s_);
+    }
     delta = delta_.data();
   }
   if (n_logits > 0) {

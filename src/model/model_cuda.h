@@ -1,9 +1,11 @@
 // The loaded model on a CUDA GPU: every weight of the Model's source
 // dequantized to bf16 and uploaded, and the same straight-line forward as
 // Model::forward (llama_forward.cpp) over the CUDA ops (cuBLASLt GEMM, fused
-// residual-add RMSNorm, RoPE, SwiGLU). Attention goes through the sequence's
-// KvCache, which holds K/V wherever its plan says (kv/kv_plan.h): the
-// forward passes bf16 device rows and never moves KV itself. Includable
+// residual-add RMSNorm, RoPE, SwiGLU; the MoE block of Qwen3-MoE / Mixtral
+// layers: ops/moe/moe_cuda.h, experts uploaded one at a time). Attention
+// goes through the sequence's KvCache, which holds K/V wherever its plan
+// says (kv/kv_plan.h): the forward passes bf16 device rows and never moves
+// KV itself. Includable
 // without the CUDA toolkit: without CUDA, make_gpu_model comes from
 // model_cuda_nocuda.cpp and says why it cannot run (STYLE rule 14).
 #pragma once
@@ -43,7 +45,9 @@ class GpuModel {
 
 // Uploads `model` (which must outlive the result) to CUDA device 0. Throws
 // kvtier::Error when kvtier was built without CUDA, when there is no CUDA
-// device, or when a shape is outside what the kernels support.
+// device, or when a shape is outside what the kernels support (head_dim 64,
+// 128 or 256; n_embd, n_ff and the expert width multiples of 8; up to 1024
+// experts, 32 per token).
 // graphs: decode steps replay a captured CUDA graph of the whole forward pass
 // (captured once per KV layout; the first step after a change runs eagerly).
 std::unique_ptr<GpuModel> make_gpu_model(const Model& model, bool graphs = true);

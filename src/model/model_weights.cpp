@@ -53,6 +53,7 @@ Model::Model(ModelSource source) : source_(std::move(source)) {
             "{}: inconsistent heads (n_head {}, n_kv_head {}, head_dim {})", source_.path, c.n_head,
             c.n_kv_head, c.head_dim);
   const int64_t q_dim = int64_t(c.n_head) * c.head_dim, kv_dim = int64_t(c.n_kv_head) * c.head_dim;
+  if (c.is_moe()) moe_ = moe_config(c);
   if (source_.shape_only) {  // no weights: the GPU model makes random ones (speed runs)
     rope_ = std::make_unique<Rope>(c);
     return;
@@ -72,12 +73,17 @@ Model::Model(ModelSource source) : source_(std::move(source)) {
     L.q_norm = maybe_vector(name("attn_q_norm.weight"), c.head_dim);
     L.k_norm = maybe_vector(name("attn_k_norm.weight"), c.head_dim);
     L.ffn_norm = load_vector(name("ffn_norm.weight"), c.n_embd);
-    L.w_gate = view_matrix(name("ffn_gate.weight"));
-    L.w_up = view_matrix(name("ffn_up.weight"));
-    L.w_down = view_matrix(name("ffn_down.weight"));
+    if (c.is_moe_layer(l)) {
+      L.moe = view_experts(source_, l);
+      L.moe.router = view_matrix(name("ffn_gate_inp.weight"));  // small: f32 unless matmul runs its type
+    } else {
+      L.w_gate = view_matrix(name("ffn_gate.weight"));
+      L.w_up = view_matrix(name("ffn_up.weight"));
+      L.w_down = view_matrix(name("ffn_down.weight"));
+    }
     KVT_CHECK(L.wq.n_out == q_dim && L.wq.n_in == c.n_embd && L.wk.n_out == kv_dim &&
                   L.wv.n_out == kv_dim && L.wo.n_in == q_dim && L.wo.n_out == c.n_embd &&
-                  L.w_gate.n_out == c.n_ff && L.w_down.n_in == c.n_ff,
+                  (c.is_moe_layer(l) || (L.w_gate.n_out == c.n_ff && L.w_down.n_in == c.n_ff)),
               "{}: layer {} weight shapes do not match the config", source_.path, l);
   }
   tok_embd_ = &source_.tensor("token_embd.weight");
@@ -117,8 +123,13 @@ ForwardScratch Model::make_scratch(int capacity) const {
   s.k.resize(n * c.n_kv_head * c.head_dim);
   s.k_pre.resize(s.k.size());
   s.v.resize(s.k.size());
-  s.gate.resize(n * c.n_ff);
-  s.up.resize(n * c.n_ff);
+  bool any_dense = false;
+  for (int l = 0; l < c.n_layer; ++l) any_dense = any_dense || !c.is_moe_layer(l);
+  if (any_dense) {
+    s.gate.resize(n * c.n_ff);
+    s.up.resize(n * c.n_ff);
+  }
+  if (c.is_moe()) s.moe_out.resize(n * c.n_embd);
   s.positions.resize(n);
   return s;
 }

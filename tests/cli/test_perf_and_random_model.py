@@ -52,3 +52,37 @@ def test_random_model_loads_and_decodes(tmp_path):
     assert r.returncode == 0, r.stderr
     row = json.loads(r.stdout.splitlines()[-1])
     assert row["decode_tok_s"] > 0 and row["host_kv_bytes"] > 0
+
+
+def test_random_moe_model_loads_and_decodes(tmp_path):
+    """The Qwen3-30B-A3B writer (qwen3moe GGUF, Q8_0) at a tiny size."""
+    pytest.importorskip("numpy")
+    out = tmp_path / "moe.gguf"
+    subprocess.run([sys.executable, os.path.join(ROOT, "bench", "make_random_model.py"), "--shape", "qwen3-30b-a3b",
+                    "--out", str(out), "--layers", "2", "--hidden", "128", "--heads", "2", "--kv-heads", "1",
+                    "--experts", "8", "--experts-used", "2", "--expert-ffn", "64", "--vocab", "600"],
+                   check=True, timeout=120)
+    info = run("info", "-m", str(out))
+    assert info.returncode == 0, info.stderr
+    assert "architecture     qwen3moe" in info.stdout
+    assert "experts          8 of width 64, 2 per token (renormalized), in 2 of 2 layers" in info.stdout
+    assert "blk.1.ffn_gate_exps.weight" in info.stdout
+    r = run("perf", "-m", str(out), "-t", "1", "-p", "64", "--kv", "full", "--kv", "yakv", "-g", "3", "-r", "1",
+            "--json")
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
+    assert [row["kv"] for row in rows] == ["full", "yakv"]
+    assert all(row["decode_tok_s"] > 0 for row in rows)
+
+
+def test_memory_of_qwen3_30b_a3b_next_to_its_weights():
+    """A 128K yakv sequence of Qwen3-30B-A3B shapes fits next to its 61 GB of
+    bf16 weights on an H200 with room for more than 20 such sequences."""
+    r = run("memory", "--shape", "qwen3-30b-a3b", "--kv", "full", "--kv", "yakv", "-c", "131072")
+    assert r.returncode == 0, r.stderr
+    assert "30.53 B parameters" in r.stdout and "(61.1 GB)" in r.stdout
+    seqs = {line.split()[0]: int(line.split()[-1]) for line in r.stdout.splitlines()
+            if line.split() and line.split()[0] in ("full", "yakv")}
+    assert seqs["yakv"] >= 20 and seqs["full"] < seqs["yakv"]
+    bad = run("memory", "--shape", "qwen3-30b-a3b", "--gpu-mem", "0")
+    assert bad.returncode != 0 and "--gpu-mem" in bad.stderr

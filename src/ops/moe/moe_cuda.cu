@@ -1,0 +1,457 @@
+// The MoE block on CUDA (moe_cuda.h). Routing, planning and combining are
+// small kernels; the experts' products are either a grouped tensor-core GEMM
+// (the mma.sync m16n8k16 fragments and XOR-swizzled cp.async tiles of the
+// flash prefill kernel, with each 64-row tile belonging to one expert, found
+// by a binary search over the experts' tile offsets) or, for a handful of
+// tokens, a GEMV over the active experts' weight rows only.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <climits>
+
+#include "backend/cuda_backend.h"
+#include "backend/cuda_mma.cuh"
+#include "ops/moe/moe_cuda.h"
+#include "ops/swiglu/swiglu_cuda.h"
+
+namespace kvtier::cuda {
+namespace {
+
+using namespace mma;
+using bf16 = __nv_bfloat16;
+
+constexpr int kMaxExperts = 1024;              // the plan kernel's one block holds one expert per thread
+constexpr int kMaxPerLane = kMaxExperts / 32;  // routing: a warp's lanes hold every expert's logit
+constexpr int kMaxUsed = 32;                   // routing: lane j writes selection j
+constexpr unsigned kFull = 0xffffffffu;
+
+// ---- routing ------------------------------------------------------------------
+
+// One warp per token: max and softmax denominator over all experts, then k
+// rounds of a warp argmax (larger logit, then lower id).
+__global__ void route_kernel(const float* __restrict__ logits, int n_tok, int n_expert, int k, bool norm, float scale,
+                             int32_t* __restrict__ ids, float* __restrict__ weights) {
+  const int t = int((blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5);
+  const int lane = threadIdx.x & 31;
+  if (t >= n_tok) return;
+  const float* l = logits + int64_t(t) * n_expert;  // [n_expert]
+  float v[kMaxPerLane];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i) {
+    const int e = lane + 32 * i;
+    v[i] = e < n_expert ? l[e] : -INFINITY;
+    mx = fmaxf(mx, v[i]);
+  }
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, o));
+  float denom = 0.f;
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i)
+    if (lane + 32 * i < n_expert) denom += expf(v[i] - mx);
+  for (int o = 16; o > 0; o >>= 1) denom += __shfl_xor_sync(kFull, denom, o);
+
+  uint32_t taken = 0;  // bit i: expert lane + 32 i already selected
+  float top = 0.f;
+  int my_id = 0;
+  float my_p = 0.f;
+  for (int j = 0; j < k; ++j) {
+    float best = -INFINITY;
+    int best_e = INT_MAX;
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i) {
+      const int e = lane + 32 * i;
+      if (e < n_expert && !((taken >> i) & 1u) && (best_e == INT_MAX || v[i] > best)) {
+        best = v[i];
+        best_e = e;
+      }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ob = __shfl_xor_sync(kFull, best, o);
+      const int oe = __shfl_xor_sync(kFull, best_e, o);
+      if (oe != INT_MAX && (best_e == INT_MAX || ob > best || (ob == best && oe < best_e))) {
+        best = ob;
+        best_e = oe;
+      }
+    }
+    if ((best_e & 31) == lane) taken |= 1u << (best_e >> 5);
+    const float p = expf(best - mx) / denom;
+    top += p;
+    if (lane == j) {
+      my_id = best_e;
+      my_p = p;
+    }
+  }
+  if (lane < k) {
+    const float w = (norm ? my_p / top : my_p) * scale;
+    ids[int64_t(t) * k + lane] = my_id;
+    weights[int64_t(t) * k + lane] = w;
+  }
+}
+
+// ---- plan ---------------------------------------------------------------------
+
+constexpr int kPlanThreads = 1024;
+constexpr int kBM = 64, kBN = 128, kBK = 64, kGemmThreads = 128;  // grouped GEMM tile
+
+// Exclusive prefix sum of one value per thread of a 1024-thread block.
+__device__ int block_exclusive_scan(int x, int* warp_sums, int* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int inc = x;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(kFull, inc, o);
+    if (lane >= o) inc += y;
+  }
+  if (lane == 31) warp_sums[warp] = inc;
+  __syncthreads();
+  if (warp == 0) {
+    int s = warp_sums[lane];
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(kFull, s, o);
+      if (lane >= o) s += y;
+    }
+    warp_sums[lane] = s;
+  }
+  __syncthreads();
+  const int base = warp > 0 ? warp_sums[warp - 1] : 0;
+  *total = warp_sums[31];
+  __syncthreads();  // warp_sums is reused by the next scan
+  return base + inc - x;
+}
+
+// Rows per expert → offsets, tile offsets, the active experts; then every
+// (token, slot) pair gets its row (order within an expert is whatever the
+// atomics give: each row's result depends only on its own token).
+__global__ void __launch_bounds__(kPlanThreads) plan_kernel(const int32_t* __restrict__ ids, int n_pairs, int k,
+                                                            int n_expert, int32_t* __restrict__ offsets,
+                                                            int32_t* __restrict__ tile_off, int32_t* __restrict__ active,
+                                                            int32_t* __restrict__ row_token,
+                                                            int32_t* __restrict__ row_of) {
+  __shared__ int s_count[kMaxExperts];
+  __shared__ int s_cursor[kMaxExperts];
+  __shared__ int s_warp[32];
+  const int tid = threadIdx.x;
+  s_count[tid] = 0;
+  __syncthreads();
+  for (int i = tid; i < n_pairs; i += kPlanThreads) atomicAdd(&s_count[ids[i]], 1);
+  __syncthreads();
+  const int cnt = tid < n_expert ? s_count[tid] : 0;
+  int n_rows = 0, n_tiles = 0, n_active = 0;
+  const int off = block_exclusive_scan(cnt, s_warp, &n_rows);
+  const int toff = block_exclusive_scan((cnt + kBM - 1) / kBM, s_warp, &n_tiles);
+  const int aoff = block_exclusive_scan(cnt > 0 ? 1 : 0, s_warp, &n_active);
+  if (tid < n_expert) {
+    offsets[tid] = off;
+    tile_off[tid] = toff;
+    s_cursor[tid] = off;
+    if (cnt > 0) active[aoff] = tid;
+  }
+  if (tid == 0) {
+    offsets[n_expert] = n_rows;
+    tile_off[n_expert] = n_tiles;
+    active[n_expert] = n_active;
+  }
+  __syncthreads();
+  for (int i = tid; i < n_pairs; i += kPlanThreads) {
+    const int row = atomicAdd(&s_cursor[ids[i]], 1);
+    row_token[row] = i / k;
+    row_of[i] = row;
+  }
+}
+
+// ---- expert products ----------------------------------------------------------
+
+// Y[row] = A[token(row)] · W_eᵀ for the rows [offsets[e], offsets[e + 1]) of
+// every expert e. W: [n_expert, n, k] bf16; A rows of k values, row stride lda;
+// token(row) = a_rows[row], or row itself when a_rows is null.
+struct ExpertGemmParams {
+  int n = 0, k = 0;
+  int64_t lda = 0, ldy = 0;
+  int n_expert = 0;
+};
+
+__global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(ExpertGemmParams p, const bf16* __restrict__ a,
+                                                                    const int32_t* __restrict__ a_rows,
+                                                                    const bf16* __restrict__ w,
+                                                                    const int32_t* __restrict__ offsets,
+                                                                    const int32_t* __restrict__ tile_off,
+                                                                    bf16* __restrict__ y) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  auto* sa = reinterpret_cast<bf16*>(smem_raw);  // [2][kBM, kBK]
+  auto* sb = sa + 2 * kBM * kBK;                 // [2][kBN, kBK]
+  __shared__ int s_src[kBM];                     // the A row of each tile row, -1 past the expert's rows
+  const int tile = blockIdx.y;
+  if (tile >= tile_off[p.n_expert]) return;
+  // The expert owning this tile: the last e with tile_off[e] <= tile (it has
+  // tile_off[e + 1] > tile, so it is never an expert without rows).
+  int lo = 0, hi = p.n_expert - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (tile_off[mid] <= tile) lo = mid;
+    else hi = mid - 1;
+  }
+  const int e = lo;
+  const int row0 = offsets[e] + (tile - tile_off[e]) * kBM;
+  const int n_rows = min(kBM, offsets[e + 1] - row0);
+  const int n0 = blockIdx.x * kBN;
+  const bf16* we = w + int64_t(e) * p.n * p.k;  // [n, k]
+  if (threadIdx.x < kBM) {
+    const int r = threadIdx.x;
+    s_src[r] = r < n_rows ? (a_rows ? a_rows[row0 + r] : row0 + r) : -1;
+  }
+  __syncthreads();
+
+  auto load = [&](int stage, int k0) {
+    bf16* da = sa + stage * kBM * kBK;
+    bf16* db = sb + stage * kBN * kBK;
+    for (int i = threadIdx.x; i < kBM * (kBK / 8); i += kGemmThreads) {
+      const int r = i >> 3, c = i & 7, kk = k0 + c * 8;
+      const bool ok = s_src[r] >= 0 && kk < p.k;
+      cp_async16(da + swz<kBK>(r, c * 8), a + (ok ? int64_t(s_src[r]) * p.lda + kk : 0), ok);
+    }
+    for (int i = threadIdx.x; i < kBN * (kBK / 8); i += kGemmThreads) {
+      const int r = i >> 3, c = i & 7, kk = k0 + c * 8;
+      const bool ok = n0 + r < p.n && kk < p.k;
+      cp_async16(db + swz<kBK>(r, c * 8), we + (ok ? int64_t(n0 + r) * p.k + kk : 0), ok);
+    }
+  };
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int wm = warp >> 1, wn = warp & 1;  // this warp: rows [32 wm, +32), columns [64 wn, +64)
+  float acc[2][8][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int n = 0; n < 8; ++n) acc[i][n][0] = acc[i][n][1] = acc[i][n][2] = acc[i][n][3] = 0.f;
+
+  const int n_k = (p.k + kBK - 1) / kBK;
+  load(0, 0);
+  cp_async_commit();
+  for (int j = 0; j < n_k; ++j) {
+    if (j + 1 < n_k) {
+      load((j + 1) & 1, (j + 1) * kBK);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const bf16* ca = sa + (j & 1) * kBM * kBK;
+    const bf16* cb = sb + (j & 1) * kBN * kBK;
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) {
+      uint32_t af[2][4];
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        ldmatrix_x4(af[i], ca + swz<kBK>(wm * 32 + i * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t b[4];
+        const int col = wn * 64 + np * 16 + (lane & 7) + ((lane >> 4) & 1) * 8;
+        ldmatrix_x4(b, cb + swz<kBK>(col, kk * 16 + ((lane >> 3) & 1) * 8));
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          mma16816(acc[i][2 * np], af[i], b[0], b[1]);
+          mma16816(acc[i][2 * np + 1], af[i], b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // this buffer is refilled by the next iteration's load
+  }
+  const int g = lane >> 2, tig = lane & 3;
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = wm * 32 + i * 16 + g + 8 * h;
+      if (r >= n_rows) continue;
+      bf16* yrow = y + int64_t(row0 + r) * p.ldy;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const int col = n0 + wn * 64 + nt * 8 + tig * 2;
+        if (col < p.n)
+          *reinterpret_cast<__nv_bfloat162*>(yrow + col) =
+              __floats2bfloat162_rn(acc[i][nt][2 * h], acc[i][nt][2 * h + 1]);
+      }
+    }
+}
+
+constexpr int kGemvWarps = 8;
+
+__device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float (&f)[8]) {
+  const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(u[i] << 16);
+    f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+  }
+}
+
+// The same products for experts with at most kRows rows: one warp per weight
+// row n of an active expert (blockIdx.y indexes the active list), so only the
+// weights of experts that some token chose are read.
+template <int kRows>
+__global__ void __launch_bounds__(kGemvWarps * 32) expert_gemv_kernel(ExpertGemmParams p, const bf16* __restrict__ a,
+                                                                      const int32_t* __restrict__ a_rows,
+                                                                      const bf16* __restrict__ w,
+                                                                      const int32_t* __restrict__ offsets,
+                                                                      const int32_t* __restrict__ active,
+                                                                      bf16* __restrict__ y) {
+  if (int(blockIdx.y) >= active[p.n_expert]) return;
+  const int e = active[blockIdx.y];
+  const int lane = threadIdx.x & 31;
+  const int n = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
+  if (n >= p.n) return;
+  const int row0 = offsets[e], n_rows = min(kRows, offsets[e + 1] - row0);
+  const bf16* wr = w + (int64_t(e) * p.n + n) * p.k;  // [k]
+  int64_t a_off[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+    a_off[r] = r < n_rows ? int64_t(a_rows ? a_rows[row0 + r] : row0 + r) * p.lda : 0;
+  float acc[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) acc[r] = 0.f;
+#pragma unroll 4
+  for (int c = lane * 8; c < p.k; c += 32 * 8) {
+    float wf[8];
+    bf16x8_to_f32(__ldg(reinterpret_cast<const uint4*>(wr + c)), wf);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (r >= n_rows) break;
+      float xf[8];
+      bf16x8_to_f32(*reinterpret_cast<const uint4*>(a + a_off[r] + c), xf);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[r] = fmaf(wf[i], xf[i], acc[r]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+    for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(kFull, acc[r], o);
+  if (lane == 0)
+    for (int r = 0; r < n_rows; ++r) y[int64_t(row0 + r) * p.ldy + n] = __float2bfloat16(acc[r]);
+}
+
+// ---- combine ------------------------------------------------------------------
+
+__global__ void combine_kernel(const bf16* __restrict__ out, const int32_t* __restrict__ row_of,
+                               const float* __restrict__ weights, int k, int n_embd, bf16* __restrict__ y) {
+  const int64_t t = blockIdx.x;
+  for (int i = threadIdx.x * 2; i < n_embd; i += blockDim.x * 2) {
+    float s0 = 0.f, s1 = 0.f;
+    for (int j = 0; j < k; ++j) {
+      const float wt = weights[t * k + j];
+      const float2 v =
+          __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(out + int64_t(row_of[t * k + j]) * n_embd + i));
+      s0 = fmaf(wt, v.x, s0);
+      s1 = fmaf(wt, v.y, s1);
+    }
+    *reinterpret_cast<__nv_bfloat162*>(y + t * n_embd + i) = __floats2bfloat162_rn(s0, s1);
+  }
+}
+
+// Y rows [0, n_pairs) in expert order from A, through the GEMV (few tokens) or the grouped GEMM.
+void expert_products(const ExpertGemmParams& p, int n_tok, int n_pairs, const void* a, const int32_t* a_rows,
+                     const void* w, const int32_t* offsets, const int32_t* tile_off, const int32_t* active, void* y,
+                     cudaStream_t s) {
+  const auto* A = static_cast<const bf16*>(a);
+  const auto* W = static_cast<const bf16*>(w);
+  auto* Y = static_cast<bf16*>(y);
+  if (n_tok <= kMoeGemvMaxTokens) {
+    // An expert has at most one row per token; at most n_pairs experts are active.
+    const dim3 grid(unsigned((p.n + kGemvWarps - 1) / kGemvWarps), unsigned(std::min(p.n_expert, n_pairs)));
+    if (n_tok == 1) {
+      expert_gemv_kernel<1><<<grid, kGemvWarps * 32, 0, s>>>(p, A, a_rows, W, offsets, active, Y);
+    } else {
+      expert_gemv_kernel<kMoeGemvMaxTokens><<<grid, kGemvWarps * 32, 0, s>>>(p, A, a_rows, W, offsets, active, Y);
+    }
+    KVT_CUDA_LAUNCH_CHECK("expert_gemv_kernel");
+    return;
+  }
+  constexpr int smem = 2 * (kBM + kBN) * kBK * 2;
+  static const bool configured = [] {
+    KVT_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    return true;
+  }();
+  (void)configured;
+  // Σ_e ceil(rows_e / kBM) ≤ n_pairs / kBM + (experts with rows); surplus blocks exit at once.
+  const int max_tiles = (n_pairs + kBM - 1) / kBM + std::min(p.n_expert, n_pairs);
+  const dim3 grid(unsigned((p.n + kBN - 1) / kBN), unsigned(max_tiles));
+  grouped_gemm_kernel<<<grid, kGemmThreads, smem, s>>>(p, A, a_rows, W, offsets, tile_off, Y);
+  KVT_CUDA_LAUNCH_CHECK("grouped_gemm_kernel");
+}
+
+void check_config(const MoeConfig& c) {
+  KVT_CHECK(c.n_expert >= 1 && c.n_expert <= kMaxExperts && c.n_expert_used >= 1 && c.n_expert_used <= kMaxUsed &&
+                c.n_expert_used <= c.n_expert,
+            "moe (CUDA): {} experts, {} used: supported are up to {} experts and up to {} used", c.n_expert,
+            c.n_expert_used, kMaxExperts, kMaxUsed);
+  KVT_CHECK(c.n_embd > 0 && c.n_ff > 0 && c.n_embd % 8 == 0 && c.n_ff % 8 == 0,
+            "moe (CUDA): n_embd {} and expert width {} must be positive multiples of 8", c.n_embd, c.n_ff);
+}
+
+}  // namespace
+
+void moe_route(const float* logits, int n_tok, const MoeConfig& c, int32_t* ids, float* weights, cudaStream_t s) {
+  check_config(c);
+  if (n_tok <= 0) return;
+  constexpr int kWarpsPerBlock = 8;
+  route_kernel<<<unsigned((n_tok + kWarpsPerBlock - 1) / kWarpsPerBlock), kWarpsPerBlock * 32, 0, s>>>(
+      logits, n_tok, c.n_expert, c.n_expert_used, c.norm_topk, c.scale, ids, weights);
+  KVT_CUDA_LAUNCH_CHECK("route_kernel");
+}
+
+MoeRunner::MoeRunner(const MoeConfig& c, int capacity) : c_(c), cap_(capacity) {
+  check_config(c);
+  KVT_CHECK(capacity > 0 && int64_t(capacity) * c.n_expert_used < (int64_t(1) << 30),
+            "moe (CUDA): capacity {} tokens x {} experts out of range", capacity, c.n_expert_used);
+  const size_t n = size_t(capacity), k = size_t(c.n_expert_used), rows = n * k;
+  logits_ = DeviceBuffer(n * size_t(c.n_expert) * 4);
+  ids_ = DeviceBuffer(rows * 4);
+  weights_ = DeviceBuffer(rows * 4);
+  offsets_ = DeviceBuffer((size_t(c.n_expert) + 1) * 4);
+  tile_off_ = DeviceBuffer((size_t(c.n_expert) + 1) * 4);
+  active_ = DeviceBuffer((size_t(c.n_expert) + 1) * 4);
+  row_token_ = DeviceBuffer(rows * 4);
+  row_of_ = DeviceBuffer(rows * 4);
+  gu_ = DeviceBuffer(rows * 2 * size_t(c.n_ff) * 2);
+  h_ = DeviceBuffer(rows * size_t(c.n_ff) * 2);
+  out_ = DeviceBuffer(rows * size_t(c.n_embd) * 2);
+}
+
+size_t MoeRunner::scratch_bytes() const {
+  return logits_.bytes() + ids_.bytes() + weights_.bytes() + offsets_.bytes() + tile_off_.bytes() + active_.bytes() +
+         row_token_.bytes() + row_of_.bytes() + gu_.bytes() + h_.bytes() + out_.bytes();
+}
+
+void MoeRunner::run(const MoeDeviceWeights& w, const void* x, int n_tok, void* y, Gemm& gemm, cudaStream_t s) {
+  KVT_CHECK(n_tok > 0 && n_tok <= cap_, "moe (CUDA): {} tokens, the runner holds {}", n_tok, cap_);
+  const MoeConfig& c = c_;
+  const int k = c.n_expert_used, n_pairs = n_tok * k;
+  gemm.run_f32(n_tok, c.n_expert, c.n_embd, x, w.router, logits_.data<float>(), s);  // [n_tok, n_expert]
+  moe_route(logits_.data<float>(), n_tok, c, ids_.data<int32_t>(), weights_.data<float>(), s);
+  plan_kernel<<<1, kPlanThreads, 0, s>>>(ids_.data<int32_t>(), n_pairs, k, c.n_expert, offsets_.data<int32_t>(),
+                                         tile_off_.data<int32_t>(), active_.data<int32_t>(),
+                                         row_token_.data<int32_t>(), row_of_.data<int32_t>());
+  KVT_CUDA_LAUNCH_CHECK("plan_kernel");
+  ExpertGemmParams gu;  // gate|up: [rows, 2 n_ff] from the tokens' x
+  gu.n = 2 * c.n_ff;
+  gu.k = c.n_embd;
+  gu.lda = c.n_embd;
+  gu.ldy = 2 * c.n_ff;
+  gu.n_expert = c.n_expert;
+  expert_products(gu, n_tok, n_pairs, x, row_token_.data<int32_t>(), w.gate_up, offsets_.data<int32_t>(),
+                  tile_off_.data<int32_t>(), active_.data<int32_t>(), gu_.data(), s);
+  swiglu(gu_.data(), n_pairs, c.n_ff, h_.data(), s);  // [rows, n_ff]
+  ExpertGemmParams dn;  // down: [rows, n_embd] from the rows' h
+  dn.n = c.n_embd;
+  dn.k = c.n_ff;
+  dn.lda = c.n_ff;
+  dn.ldy = c.n_embd;
+  dn.n_expert = c.n_expert;
+  expert_products(dn, n_tok, n_pairs, h_.data(), nullptr, w.down, offsets_.data<int32_t>(), tile_off_.data<int32_t>(),
+                  active_.data<int32_t>(), out_.data(), s);
+  combine_kernel<<<unsigned(n_tok), 256, 0, s>>>(static_cast<const bf16*>(out_.data()), row_of_.data<int32_t>(),
+                                                 weights_.data<float>(), k, c.n_embd, static_cast<bf16*>(y));
+  KVT_CUDA_LAUNCH_CHECK("combine_kernel");
+}
+
+}  // namespace kvtier::cuda
