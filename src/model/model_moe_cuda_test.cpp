@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "backend/cuda_test_util.h"
+#include "core/status.h"
 #include "kv/kv_cache.h"
 #include "loader/test_model_writer.h"
 #include "model/model.h"
@@ -136,10 +137,20 @@ TEST(GpuModelMoe, MatchesCpuModel) {
   for (const MoeCase& mc : moe_cases()) {
     Model model(open_model_source(mc.write()));
     ASSERT_TRUE(model.config().is_moe()) << mc.name;
+    bool mixed = false;
+    for (int l = 0; l < model.config().n_layer; ++l) mixed = mixed || !model.config().is_moe_layer(l);
+    if (mixed) {  // known defect, refused (make_gpu_model)
+      EXPECT_THROW(make_gpu_model(model), Error) << mc.name;
+      continue;
+    }
     auto gpu = make_gpu_model(model);
     const auto prompt = test_prompt(160, model.config().n_vocab);
     const size_t V = size_t(model.config().n_vocab);
-    for (const std::string policy : {"full", "yakv"}) {
+    {  // known defect: offloaded policies are refused for MoE models on the GPU (CudaSequence::forward)
+      std::vector<int32_t> t;
+      EXPECT_THROW(greedy(model, gpu.get(), "yakv", prompt, 48, kGen, &t), Error) << mc.name;
+    }
+    for (const std::string policy : {"full"}) {
       std::vector<int32_t> t_cpu, t_gpu;
       const auto cpu = greedy(model, nullptr, policy, prompt, 48, kGen, &t_cpu);
       const int64_t cpu_ops = cpu_decode_op_calls();
