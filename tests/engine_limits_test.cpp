@@ -51,6 +51,9 @@ TEST(EngineLimits, KnobsAboveTheContextAreRefusedBeforeAllocating) {
     EXPECT_NE(err.find("context of 256"), std::string::npos) << policy << ": " << err;
   }
   EXPECT_NE(limit_error(*e, "shadowkv,outliers=40,chunk=8,rank=4").find("outliers"), std::string::npos);
+  // A residual unit of m chunks longer than the context is never indexed (its
+  // unindexed tail would be sized by it): refused, naming m.
+  EXPECT_NE(limit_error(*e, "yakv,lm=residual,m=512").find("m (x chunk)=512"), std::string::npos);
 }
 
 TEST(EngineLimits, KnobsWithinTheContextRun) {
