@@ -7,8 +7,9 @@
 //
 // Scoring kernels:
 //  * planar higgs2 (head_dim 128): a per-block lookup table
-//    lut[q][c][j] = q_rot[4j..4j+3]·grid[c] turns a token's score into 32
-//    shared-memory reads (product quantization's asymmetric distance); a lane
+//    lut[c][j][q] = q_rot[4j..4j+3]·grid[c] turns a token's score into 32
+//    shared-memory vector reads, each serving up to 4 queries (product
+//    quantization's asymmetric distance); a lane
 //    owns a token and reads its 32 code bytes with two 16-byte loads; at step s
 //    lane l reads group j = s ^ l, so a warp hits 32 different banks.
 //  * dense bf16 / fp8 records (ShadowKV's chunk means, exact keys): lanes of a
@@ -90,7 +91,7 @@ __global__ void index_query_kernel(IndexQueryParams p, const __nv_bfloat16* __re
 
 // ---- scoring
 
-constexpr int kScoreThreads = 256;
+constexpr int kScoreThreads = 512;  // one block per SM (the table fills shared memory): many warps hide its latency
 
 struct Range {
   int64_t c0, n;  // first chunk scored, chunks scored
@@ -99,27 +100,46 @@ __device__ __forceinline__ Range score_range(const ScoreRowsParams& p, const Ste
   return p.candidates_only ? Range{r.c_lo, r.c_hi - r.c_lo} : Range{0, r.n_chunk};
 }
 
+// The table entry of (code c, group j): its NQ queries' dot products, one
+// vector load per token and group.
+template <int NQ> struct LutVec;
+template <> struct LutVec<1> { using T = float; };
+template <> struct LutVec<2> { using T = float2; };
+template <> struct LutVec<4> { using T = float4; };
+template <int NQ>
+__device__ __forceinline__ float lut_get(const typename LutVec<NQ>::T& v, int qi) {
+  if constexpr (NQ == 1) return v;
+  else return reinterpret_cast<const float*>(&v)[qi];
+}
+
 // q: [rows, n_q_total, 128]; scores the queries [q0, q0 + NQ) of each row.
 template <int NQ>
-__global__ void __launch_bounds__(kScoreThreads, 5) higgs2_rows_kernel(ScoreRowsParams p, int q0,
+__global__ void __launch_bounds__(kScoreThreads, 1) higgs2_rows_kernel(ScoreRowsParams p, int q0,
                                                                        const float* __restrict__ q,
                                                                        const uint8_t* const* __restrict__ codes_rows,
                                                                        const uint8_t* const* __restrict__ scale_rows,
                                                                        const StepRanges* __restrict__ ranges,
                                                                        const float* __restrict__ grid,
                                                                        float* __restrict__ scores) {
-  extern __shared__ float lut[];  // [NQ][256 codes][32 groups]
+  using V = typename LutVec<NQ>::T;
+  extern __shared__ float lut_f[];  // [256 codes][32 groups][NQ]
+  V* lut = reinterpret_cast<V*>(lut_f);
   const int64_t row = blockIdx.y;
   const Range rg = score_range(p, ranges[row / p.n_kv_head]);
   if (int64_t(blockIdx.x) * (kScoreThreads / 32) * 32 >= rg.n) return;  // no token for this block
   {
     const int j = threadIdx.x & 31;  // fixed per thread: the stride is a multiple of 32
-    for (int qi = 0; qi < NQ; ++qi) {
-      const float4 qv = *reinterpret_cast<const float4*>(q + ((row * p.n_q) + q0 + qi) * 128 + 4 * j);
-      for (int e = threadIdx.x; e < 8192; e += kScoreThreads) {
-        const float4 g = __ldg(reinterpret_cast<const float4*>(grid) + (e >> 5));
-        lut[qi * 8192 + e] = qv.x * g.x + qv.y * g.y + qv.z * g.z + qv.w * g.w;
-      }
+    float4 qv[NQ];
+#pragma unroll
+    for (int qi = 0; qi < NQ; ++qi)
+      qv[qi] = *reinterpret_cast<const float4*>(q + ((row * p.n_q) + q0 + qi) * 128 + 4 * j);
+    for (int e = threadIdx.x; e < 8192; e += kScoreThreads) {
+      const float4 g = __ldg(reinterpret_cast<const float4*>(grid) + (e >> 5));
+      V v;
+#pragma unroll
+      for (int qi = 0; qi < NQ; ++qi)
+        reinterpret_cast<float*>(&v)[qi] = qv[qi].x * g.x + qv[qi].y * g.y + qv[qi].z * g.z + qv[qi].w * g.w;
+      lut[e] = v;
     }
   }
   __syncthreads();
@@ -171,8 +191,9 @@ __global__ void __launch_bounds__(kScoreThreads, 5) higgs2_rows_kernel(ScoreRows
     for (int s = 0; s < 32; ++s) {
       const uint32_t c = (w[s >> 2] >> (8 * (s & 3))) & 255u;
       const uint32_t at = (c << 5) | (uint32_t(s) ^ uint32_t(lane));
+      const V v = lut[at];
 #pragma unroll
-      for (int qi = 0; qi < NQ; ++qi) acc[qi] += lut[qi * 8192 + at];
+      for (int qi = 0; qi < NQ; ++qi) acc[qi] += lut_get<NQ>(v, qi);
     }
     if (t < rg.n)
 #pragma unroll
@@ -282,10 +303,6 @@ __global__ void __launch_bounds__(128) records_rows_kernel(ScoreRowsParams p, De
       scores[(row * p.n_q + j) * p.out_stride + i] = p.scale * s;
     }
   }
-}
-
-int blocks_for(int64_t items, int per_block, int64_t max_blocks) {
-  return int(std::max<int64_t>(1, std::min<int64_t>((items + per_block - 1) / per_block, max_blocks)));
 }
 
 // ---- GQA aggregation (softmax per query over all chunks, max over the group)
@@ -681,7 +698,13 @@ void score_rows(const Exec& x, const ScoreRowsParams& p, const float* q, const u
     for (int q0 = 0; q0 < p.n_q;) {
       const int nq = p.n_q - q0 >= 4 ? 4 : p.n_q - q0 >= 2 ? 2 : 1;
       const size_t smem = size_t(nq) * 256 * 32 * 4;
-      const unsigned bx = unsigned(max_bx * 4);
+      // One wave: each block builds its table once (32K entries per query),
+      // then scores a long stretch of tokens. Four blocks per SM for every
+      // eighth of a row (4,256 blocks at 128K and 8 rows) spent more time
+      // building tables than scoring.
+      const int64_t per_sm =
+          std::max<int64_t>(1, std::min<int64_t>(int64_t(227 * 1024) / int64_t(smem), 2048 / kScoreThreads));
+      const unsigned bx = unsigned(std::max<int64_t>(1, (int64_t(n_sm) * per_sm + n_rows - 1) / n_rows));
       const dim3 grid(bx, unsigned(n_rows));
       if (nq == 4) {
         static const bool once = [smem] {

@@ -6,8 +6,10 @@
 //    warp; norm and nearest point in f64 like the CPU quantizer.
 //  * bf16 / FP8 host entries: one thread per 8 values, 16-byte loads, stored
 //    straight through the pinned memory's mapped address.
-//  * any other record (host entries of any format, landmarks of any chunk
-//    size, residual landmarks): one thread per record with the device
+//  * HIGGS host records: a block per (token, record), a warp each for K
+//    and V, the entry stored as 16-byte chunks.
+//  * any other record (host entries of the other formats, landmarks of any
+//    chunk size, residual landmarks): one thread per record with the device
 //    quantizer library (quant_dev.cuh).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -110,6 +112,59 @@ __global__ void __launch_bounds__(64) record_write_kernel(HostWriteParams p, Dev
   float x[kMaxLocal], scratch[kMaxLocal];
   for (int d = 0; d < f.dim; ++d) x[d] = bf(src, d);
   dev_quantize(g, x, dst, dev_needs_scratch(g) ? scratch : nullptr);
+}
+
+// ---- host tier: HIGGS records, a block per (token, record): warp 0 encodes
+// K, warp 1 V (dev_quantize_warp: the rotation and the nearest-point
+// searches spread over the lanes, the grid in shared memory) into an entry
+// assembled in shared memory, which the block then stores as 16-byte chunks.
+// One thread per record (record_write_kernel) left a decode step's append
+// with 16 busy threads per layer (8.9 ms per token at 128K on the H200).
+
+constexpr size_t kStagedGridBytes = 24 * 1024;  // larger (custom) grids stay in global memory
+
+__global__ void __launch_bounds__(64) higgs_record_write_kernel(HostWriteParams p, DevFormat f,
+                                                                const __nv_bfloat16* k, const __nv_bfloat16* v,
+                                                                const int64_t* __restrict__ pos0,
+                                                                uint8_t* const* __restrict__ host,
+                                                                uint8_t* const* __restrict__ kplane,
+                                                                const int64_t* __restrict__ key_first,
+                                                                int64_t grid_floats) {
+  extern __shared__ float4 smem4[];  // [grid_floats] grid, [2][dim] f32 scratch, [2][entry_bytes] entries
+  float* smem = reinterpret_cast<float*>(smem4);
+  const int n_rec = p.layer_wide ? 1 : p.n_kv_head;
+  const int h = int(blockIdx.x % n_rec);
+  const int64_t ti = blockIdx.x / n_rec;
+  const int s = int(ti / p.n_new);
+  const int64_t t = pos0[s] + ti % p.n_new;
+  const bool want_key = !p.values_only || (key_first && key_first[s] >= 0 && t >= key_first[s]);
+  if (grid_floats) dev_stage_grid(f, smem);  // else the grid is too large: read from global memory
+  const int which = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);  // 0: K, 1: V
+  float* x = smem + grid_floats + int64_t(which) * f.dim;
+  uint8_t* ent = reinterpret_cast<uint8_t*>(smem + grid_floats + 2 * int64_t(f.dim));
+  const int64_t eb = p.entry_bytes;
+  for (int64_t i = threadIdx.x; i < 2 * eb; i += blockDim.x) ent[i] = 0;  // the entries' padding
+  __syncthreads();
+  if (which == 1 || want_key) {
+    DevFormat g = f;
+    if (p.seq_scales) g.tensor_scale = p.seq_scales[2 * s + which];
+    else g.tensor_scale = which ? p.v_scale : p.k_scale;
+    const __nv_bfloat16* src = (which ? v : k) + ti * p.in_tok_stride + int64_t(h) * f.dim;
+    for (int d = lane; d < f.dim; d += 32) x[d] = bf(src, d);
+    __syncwarp();
+    // values_only: V in entry 0, the key in entry 1; else K ‖ V in entry 0.
+    uint8_t* rec = p.values_only ? ent + (which ? 0 : eb) : ent + int64_t(which) * f.bytes;
+    dev_quantize_warp(g, x, rec, x);
+  }
+  __syncthreads();
+  const int64_t chunks = eb / 16;
+  const uint4* e4 = reinterpret_cast<const uint4*>(ent);
+  uint4* dst = reinterpret_cast<uint4*>(host[s] + t * p.tok_bytes + int64_t(h) * eb);
+  for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) dst[c] = e4[c];
+  if (p.values_only && want_key) {
+    uint4* kd = reinterpret_cast<uint4*>(kplane[s] + (t - key_first[s]) * p.tok_bytes + int64_t(h) * eb);
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) kd[c] = e4[chunks + c];
+  }
 }
 
 // ---- key index: planar 2-bit HIGGS per token (head_dim 128)
@@ -285,6 +340,19 @@ void host_write(const Exec& x, const HostWriteParams& p, const void* k, const vo
   }
   KVT_CHECK(p.fmt.dim <= kMaxLocal, "host_write (CUDA): records of {} values exceed {}", p.fmt.dim, kMaxLocal);
   const DevFormat f = make_dev_format(p.fmt);
+  if (kind == QuantKind::higgs) {
+    KVT_CHECK(p.entry_bytes % 16 == 0 && p.tok_bytes % 16 == 0,
+              "host_write (CUDA): entries of {} bytes (tokens of {}) must be 16-byte multiples", p.entry_bytes,
+              p.tok_bytes);
+    const int64_t grid_floats = dev_grid_smem_bytes(f) <= kStagedGridBytes ? dev_grid_floats(f) : 0;
+    const size_t smem = size_t(grid_floats + 2 * int64_t(f.dim)) * 4 + size_t(2 * p.entry_bytes);
+    KVT_CHECK(smem <= 48 * 1024, "host_write (CUDA): {} bytes of shared memory for {}-value records", smem, f.dim);
+    const int64_t blocks = n_tok * (p.layer_wide ? 1 : p.n_kv_head);
+    higgs_record_write_kernel<<<unsigned(blocks), 64, smem, st(x)>>>(p, f, kin, vin, pos0, host, kplane, key_first,
+                                                                     grid_floats);
+    KVT_CUDA_LAUNCH_CHECK("higgs_record_write_kernel");
+    return;
+  }
   const int64_t n = n_tok * (p.layer_wide ? 1 : p.n_kv_head) * 2;
   record_write_kernel<<<unsigned((n + 63) / 64), 64, 0, st(x)>>>(p, f, kin, vin, pos0, host, kplane, key_first);
   KVT_CUDA_LAUNCH_CHECK("record_write_kernel");

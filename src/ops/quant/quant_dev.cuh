@@ -145,11 +145,13 @@ inline DevFormat make_dev_format(const RecordFormat& r, float tensor_scale) {
 }
 inline DevFormat make_dev_format(const RecordFormat& r) { return make_dev_format(r, r.spec.tensor_scale); }
 
-// Host: shared memory dev_stage_grid needs (0 unless HIGGS).
-inline size_t dev_grid_smem_bytes(const DevFormat& f) {
+// Shared memory dev_stage_grid needs, in floats (a multiple of 4; 0 unless
+// HIGGS), and in bytes.
+KVT_QD_INLINE int64_t dev_grid_floats(const DevFormat& f) {
   if (f.kind != qdev::kHiggs) return 0;
-  return (size_t((f.grid_size * f.grid_dim + 3) & ~3) + size_t(f.grid_size)) * 4;
+  return ((int64_t(f.grid_size) * f.grid_dim + 3) & ~int64_t(3)) + ((int64_t(f.grid_size) + 3) & ~int64_t(3));
 }
+inline size_t dev_grid_smem_bytes(const DevFormat& f) { return size_t(dev_grid_floats(f)) * 4; }
 
 namespace qdev {
 
