@@ -43,10 +43,11 @@ if [ -n "$SRC" ] && [ ! -e "$SRC" ]; then mkdir -p "$(dirname "$SRC")" && ln -s 
 
 # The presets and the equal-bytes variants of the decode-step table (issue: one decode step).
 if [ "${POLICY_SET:-all}" = core ]; then
-  POLICIES=(--kv full --kv yakv --kv "yakv,kv=fp8" --kv shadowkv)
+  POLICIES=(--kv full --kv yakv --kv "yakv,kv=fp8" --kv shadowkv --kv "yakv,cache=step")
 else
   POLICIES=(--kv full --kv yakv --kv "yakv,kv=fp8" --kv shadowkv --kv oracle --kv landmarks --kv "yakv,lm=higgs1"
-    --kv "yakv,lm=residual" --kv "shadowkv,rank=4")
+    --kv "yakv,lm=residual" --kv "shadowkv,rank=4"
+    --kv "yakv,cache=step" --kv "yakv,kv=fp8,cache=step" --kv "shadowkv,cache=step")
 fi
 TESTS_LIMIT=${TESTS_LIMIT:-420}
 for s in $STEPS; do

@@ -62,9 +62,9 @@ void DecodeBatch::build_tables() {
         t[0 * R + r] = Ly.plane0 ? uintptr_t(Ly.plane0.data<uint8_t>() + h * q.plane0_row_bytes()) : 0;
         t[1 * R + r] = Ly.plane1 ? uintptr_t(Ly.plane1.data<uint8_t>() + h * q.plane1_row_bytes()) : 0;
         t[2 * R + r] = uintptr_t(Ly.resident.data<uint8_t>() + h * q.resident_slots() * q.resident_slot_bytes());
-        t[3 * R + r] = uintptr_t(Ly.slots.data<uint8_t>() + int64_t(h) * q.kmax_tokens() * plan_.slot_bytes);
+        t[3 * R + r] = uintptr_t(Ly.slots.data<uint8_t>() + h * q.slot_row_tokens() * plan_.slot_bytes);
         t[4 * R + r] = Ly.stats ? uintptr_t(Ly.stats.data<float>() + h * q.stats_row()) : 0;
-        t[5 * R + r] = uintptr_t(Ly.prev_sel.data<int32_t>() + int64_t(h) * q.kmax_tokens());
+        t[5 * R + r] = uintptr_t(Ly.prev_sel.data<int32_t>() + h * q.sel_state_words());
         t[6 * R + r] = uintptr_t(Ly.prev_slot.data<int32_t>() + int64_t(h) * q.kmax_tokens());
       }
       uintptr_t* st = t + kRowTables * R;
@@ -86,7 +86,9 @@ void DecodeBatch::build_tables() {
   off_scales_ = align64(off_nout_ + 4 * size_t(B));
   off_iscales_ = align64(off_scales_ + 8 * size_t(B) * L);
   off_ranges_ = align64(off_iscales_ + 4 * size_t(B) * L);
-  host_state_.assign(align64(off_ranges_ + sizeof(StepRanges) * size_t(B)), 0);
+  off_cache_all_ = align64(off_ranges_ + sizeof(StepRanges) * size_t(B));
+  off_fill_ = align64(off_cache_all_ + 4 * size_t(B));
+  host_state_.assign(align64(off_fill_ + 8 * size_t(B)), 0);
   for (int s = 0; s < B; ++s) {
     const TieredSeq& q = *seqs_[size_t(s)];
     reinterpret_cast<int64_t*>(host_state_.data() + off_key_first_)[s] =
@@ -94,6 +96,8 @@ void DecodeBatch::build_tables() {
     reinterpret_cast<int32_t*>(host_state_.data() + off_budget_)[s] = q.kmax_tokens() / plan_.chunk;
     reinterpret_cast<int32_t*>(host_state_.data() + off_kslots_)[s] = q.kmax_tokens();
     reinterpret_cast<int32_t*>(host_state_.data() + off_nout_)[s] = q.outlier_tokens();
+    reinterpret_cast<int32_t*>(host_state_.data() + off_cache_all_)[s] = q.cache_all() ? 1 : 0;
+    reinterpret_cast<int64_t*>(host_state_.data() + off_fill_)[s] = q.needs_fill() ? q.n_tokens(0) : 0;
     for (int l = 0; l < L; ++l) {
       float* sc = reinterpret_cast<float*>(host_state_.data() + off_scales_) + (size_t(l) * B + s) * 2;
       sc[0] = seqs_[size_t(s)]->layer(l).k_scale;
@@ -134,6 +138,23 @@ void DecodeBatch::build_tables() {
   for (const TieredSeq* s : seqs_) gens_.push_back(s->generation());
   tables_ok_ = true;
   ++builds_;
+  fill_caches();
+}
+
+// cache=all: the prompt of each sequence that joined since the last build,
+// read from the host tier into its slots, every layer, before its first step.
+void DecodeBatch::fill_caches() {
+  int64_t max_fill = 0;
+  for (TieredSeq* s : seqs_)
+    if (s->needs_fill()) max_fill = std::max(max_fill, s->n_tokens(0));
+  if (max_fill == 0) return;
+  const auto* fill_n = reinterpret_cast<const int64_t*>(state_.data<uint8_t>() + off_fill_);
+  for (int l = 0; l < plan_.geometry.n_layer; ++l) {
+    FetchParams fp = fetch_params();
+    fp.seq_scales = seq_scales(l);
+    fetch_fill(x_, fp, fetch_rows(rows(l)), fill_n, max_fill);
+  }
+  for (TieredSeq* s : seqs_) s->note_filled();
 }
 
 LayerRows DecodeBatch::rows(int layer) const {
@@ -227,15 +248,20 @@ FetchRows DecodeBatch::fetch_rows(const LayerRows& t) {
   r.slot_of = slot_of_.data<int32_t>();
   r.scratch = fetch_scratch_.data();
   r.counters = t.counters;
+  r.cache_all = reinterpret_cast<const int32_t*>(state_.data<uint8_t>() + off_cache_all_);
   return r;
 }
 
 const uint8_t** DecodeBatch::view_rows() { return cpu_view_rows_.data(); }
 
-void DecodeBatch::begin_step() {
+void DecodeBatch::prepare() {
   bool moved = !tables_ok_;
   for (size_t i = 0; i < seqs_.size() && !moved; ++i) moved = gens_[i] != seqs_[i]->generation();
   if (moved) build_tables();
+}
+
+void DecodeBatch::begin_step() {
+  prepare();
   const int B = n_seq();
   auto* stage = stage_.host_ptr<int64_t>();  // [pos0 × B, n × B]
   for (int s = 0; s < B; ++s) {
@@ -268,9 +294,14 @@ void DecodeBatch::append(int layer, const void* k_pre, const void* k, const void
   const TieredSeq& s0 = *seqs_[0];
   const auto* pos0 = reinterpret_cast<const int64_t*>(state_.data<uint8_t>() + off_pos0_);
   stage(x_, "append");
+  // The host tier's record of the new token, on the side stream: nothing in
+  // this step reads it (the token is in the window until `local` steps on);
+  // decode_step joins the side stream before this layer ends, while k and v
+  // are still this layer's. Encoding HIGGS4 records is the longest append.
+  fork(x_);
   HostWriteParams hp = s0.host_write_params(layer, n_seq(), 1, tok_stride);
   hp.seq_scales = seq_scales(layer);
-  host_write(x_, hp, k, k_pre, v, pos0, t.host, t.kplane,
+  host_write(side_exec(x_), hp, k, k_pre, v, pos0, t.host, t.kplane,
              reinterpret_cast<const int64_t*>(state_.data<uint8_t>() + off_key_first_));
   IndexWriteParams ip = s0.index_write_params(layer, n_seq(), 1, tok_stride);
   ip.seq_scales = index_scales(layer);

@@ -39,6 +39,9 @@ class DecodeBatch {
   int n_seq() const { return int(seqs_.size()); }
   const KvPlan& plan() const { return plan_; }
 
+  // Builds the step's tables now (else the next begin_step does), filling the
+  // cache=all slots of sequences that just joined: prefill-side work.
+  void prepare();
   // Before layer 0 of a step: every sequence appends one token this step.
   void begin_step();
   // k_pre, k, v: [n_seq, n_kv_head, head_dim], tok_stride elements apart.
@@ -57,6 +60,7 @@ class DecodeBatch {
  private:
   friend void decode_step(DecodeBatch& b, int layer, const void* q, float scale, void* out);
   void build_tables();
+  void fill_caches();
   LayerRows rows(int layer) const;
   const float* signs() const;
   ScoreRowsParams score_params(int n_q, float scale) const;
@@ -90,7 +94,7 @@ class DecodeBatch {
   const int32_t* last_sel_ = nullptr;
   int last_sel_width_ = 0;
   size_t off_pos0_ = 0, off_n_ = 0, off_key_first_ = 0, off_budget_ = 0, off_kslots_ = 0, off_nout_ = 0,
-         off_scales_ = 0, off_iscales_ = 0, off_ranges_ = 0;
+         off_scales_ = 0, off_iscales_ = 0, off_ranges_ = 0, off_cache_all_ = 0, off_fill_ = 0;
 };
 
 // One layer of one decode step for every sequence of the batch (decode_step.cpp).

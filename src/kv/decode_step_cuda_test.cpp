@@ -107,12 +107,18 @@ struct Case {
 
 class DecodeStepCuda : public ::testing::TestWithParam<Case> {};
 
+// Both slot caches: the last step's selection (cache=step) and every token
+// (cache=all: the prompt filled from the host tier when decode starts, then
+// only generated tokens are read, once per row).
 TEST_P(DecodeStepCuda, GpuMatchesCpu) {
   KVT_REQUIRE_GPU();
+  for (const char* cache : {"step", "all"}) {
   const Case c = GetParam();
   const KvGeometry g = geometry(2, c.n_head, c.n_kv_head, c.head_dim);
   const int W = g.n_kv_head * g.head_dim, QH = g.n_head, D = g.head_dim;
-  const PolicyConfig p = parse_policy(c.policy);
+  const std::string policy = std::string(c.policy) + ",cache=" + cache;
+  SCOPED_TRACE(policy);
+  const PolicyConfig p = parse_policy(policy);
   Device cpu(DeviceKind::cpu), gpu(DeviceKind::cuda);
   TieredKv a(plan_kv(p, g, DeviceKind::cpu), cpu), b(plan_kv(p, g, DeviceKind::cuda), gpu);
   std::mt19937 rng(11);
@@ -150,12 +156,18 @@ TEST_P(DecodeStepCuda, GpuMatchesCpu) {
       const auto got = bf16_to_f32_vec(to_host<uint16_t>(d_out, size_t(QH) * D));
       worst = std::max(worst, rel(got, want));
     }
-  std::printf("[decode-step gpu vs cpu] %-52s max rel-L2 %.2e  hit rate gpu %.3f cpu %.3f\n", c.policy, worst,
+  std::printf("[decode-step gpu vs cpu] %-64s max rel-L2 %.2e  hit rate gpu %.3f cpu %.3f\n", policy.c_str(), worst,
               b.stats().hit_rate(), a.stats().hit_rate());
-  EXPECT_LT(worst, c.tol) << c.policy;
-  EXPECT_NEAR(b.stats().hit_rate(), a.stats().hit_rate(), 0.03) << c.policy;
-  EXPECT_EQ(b.stats().n_selected, a.stats().n_selected) << c.policy;
+  EXPECT_LT(worst, c.tol);
+  EXPECT_NEAR(b.stats().hit_rate(), a.stats().hit_rate(), 0.03);
+  EXPECT_EQ(b.stats().n_selected, a.stats().n_selected);
+  EXPECT_EQ(b.seq().cache_all(), std::string(cache) == "all");
+  if (std::string(cache) == "all") {  // the prompt was filled: only generated tokens miss, each once per row
+    EXPECT_EQ(b.stats().n_fetched, a.stats().n_fetched);
+    EXPECT_LE(b.stats().n_fetched, int64_t(n_steps) * g.n_layer * g.n_kv_head);
+  }
   (void)cpu_ops;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -176,6 +188,28 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"shadowkv,rank=24,budget=48,outliers=4", 64, 9, 3},
                       Case{"yakv,budget=48", 128, 28, 4}, Case{"yakv,budget=48", 128, 64, 4},
                       Case{"yakv,budget=48,gqa=mean", 256, 8, 2}, Case{"oracle,budget=48", 256, 8, 2}));
+
+// cache=auto: every token's decoded K/V where GPU memory allows (a small
+// sequence: always), and on the CPU the last step's selection.
+TEST(DecodeStepCuda, AutoCacheHoldsEveryTokenWhenItFits) {
+  KVT_REQUIRE_GPU();
+  const KvGeometry g = geometry(2, 8, 2, 128);
+  const PolicyConfig p = parse_policy("yakv,budget=48");
+  Device cpu(DeviceKind::cpu), gpu(DeviceKind::cuda);
+  TieredKv a(plan_kv(p, g, DeviceKind::cpu), cpu), b(plan_kv(p, g, DeviceKind::cuda), gpu);
+  std::mt19937 rng(5);
+  const int n_prompt = 500;
+  const Inputs in = make_inputs(rng, g, n_prompt, 1);
+  a.reserve(n_prompt + 8);
+  b.reserve(n_prompt + 8);
+  prefill(a, cpu, g, in, n_prompt);
+  prefill(b, gpu, g, in, n_prompt);
+  EXPECT_FALSE(a.seq().cache_all());
+  EXPECT_TRUE(b.seq().cache_all());
+  EXPECT_EQ(b.seq().slot_row_tokens(), b.seq().capacity());
+  const int64_t slots = int64_t(g.n_layer) * g.n_kv_head * b.seq().capacity() * b.plan().slot_bytes;
+  EXPECT_GE(b.memory().gpu_bytes, slots);
+}
 
 // Three sequences of different lengths and budgets decoding in one batch:
 // each step's outputs equal each sequence's outputs alone.

@@ -16,7 +16,7 @@ namespace {
 const char* kPresets = "full, shadowkv, yakv, oracle, landmarks";
 const char* kKeys =
     "index, chunk, lm, meta, res, m, rank, kv, keys_prerope, budget, min_budget, sink, local, outliers, "
-    "gqa";
+    "gqa, cache";
 
 PolicyConfig preset(const std::string& name) {
   PolicyConfig p;
@@ -103,6 +103,18 @@ std::string fmt_double(double x) {
   std::string s = fmt::format("{:.10g}", x);
   return s;
 }
+
+}  // namespace
+
+const char* cache_mode_name(CacheMode m) {
+  switch (m) {
+    case CacheMode::step: return "step";
+    case CacheMode::all: return "all";
+    default: return "auto";
+  }
+}
+
+namespace {
 
 const char* index_name(IndexKind k) {
   switch (k) {
@@ -212,6 +224,11 @@ PolicyConfig parse_policy(const std::string& text) {
       if (v == "shadowkv") p.gqa = GqaMode::shadowkv;
       else if (v == "mean") p.gqa = GqaMode::mean;
       else fail("kv policy: gqa={} is not valid (valid: shadowkv, mean)", v);
+    } else if (key == "cache") {
+      if (v == "auto") p.cache = CacheMode::auto_;
+      else if (v == "step") p.cache = CacheMode::step;
+      else if (v == "all") p.cache = CacheMode::all;
+      else fail("kv policy: cache={} is not valid (valid: auto, step, all)", v);
     } else {
       fail("kv policy '{}': unknown key '{}' (valid keys: {})", text, key, kKeys);
     }
@@ -223,7 +240,7 @@ PolicyConfig parse_policy(const std::string& text) {
               index_name(p.index), why);
   };
   bool dense = p.index == IndexKind::none;
-  for (const char* k : {"budget", "min_budget", "sink", "local", "gqa", "chunk", "lm", "keys_prerope"})
+  for (const char* k : {"budget", "min_budget", "sink", "local", "gqa", "chunk", "lm", "keys_prerope", "cache"})
     forbid(dense, k, "dense attention selects nothing");
   forbid(p.index != IndexKind::shadowkv, "rank", "only the shadowkv index has an SVD");
   forbid(p.index != IndexKind::shadowkv, "outliers", "outlier chunks belong to the shadowkv index");
@@ -270,6 +287,7 @@ std::string to_string(const PolicyConfig& p) {
                      fmt_double(p.budget), p.sink, p.local,
                      p.gqa == GqaMode::shadowkv ? "shadowkv" : "mean");
     if (p.min_budget > 0) s += fmt::format(",min_budget={}", p.min_budget);
+    if (p.cache != CacheMode::auto_) s += fmt::format(",cache={}", cache_mode_name(p.cache));
   }
   return s;
 }

@@ -19,6 +19,11 @@
 //   min_budget : floor of the budget in tokens (budget = max(fraction·n_prompt, min_budget))
 //   sink, local, outliers : always-attended prefix tokens, recent tokens, outlier chunks
 //   gqa     : shadowkv (softmax per query head over chunks, max over the group) | mean
+//   cache   : the decoded K/V kept on the GPU between steps: step (the last
+//             step's selection, kmax slots per KV head), all (every token of the
+//             context, filled from the host tier when decode starts, so only
+//             generated tokens cross PCIe, once), auto (all when it fits in free
+//             GPU memory, else step; step on the CPU)
 #pragma once
 #include <cstdint>
 #include <string>
@@ -30,6 +35,8 @@ namespace kvtier {
 
 enum class IndexKind { none, landmarks, exact, shadowkv };
 enum class GqaMode { shadowkv, mean };
+enum class CacheMode { auto_, step, all };
+const char* cache_mode_name(CacheMode m);
 
 struct PolicyConfig {
   std::string preset = "full";
@@ -50,6 +57,7 @@ struct PolicyConfig {
   int local = 0;
   int outliers = 0;  // outlier chunks (shadowkv)
   GqaMode gqa = GqaMode::shadowkv;
+  CacheMode cache = CacheMode::auto_;
 };
 
 // Throws kvtier::Error naming the offending key/value and the valid values.

@@ -82,6 +82,11 @@ TEST(Policy, Overrides) {
   EXPECT_TRUE(parse_policy("yakv,keys_prerope=1").keys_prerope);
   EXPECT_EQ(to_string(parse_policy("yakv,kv=fp8").kv), "fp8");
   EXPECT_EQ(parse_policy("yakv,index=exact").chunk, 1);
+  EXPECT_EQ(parse_policy("yakv").cache, CacheMode::auto_);
+  EXPECT_EQ(parse_policy("yakv,cache=all").cache, CacheMode::all);
+  EXPECT_EQ(parse_policy("shadowkv,cache=step").cache, CacheMode::step);
+  EXPECT_EQ(to_string(parse_policy("yakv")).find("cache"), std::string::npos);  // auto: not printed
+  EXPECT_NE(to_string(parse_policy("yakv,cache=all")).find(",cache=all"), std::string::npos);
 }
 
 TEST(Policy, BudgetFloorInTokens) {
@@ -97,7 +102,8 @@ TEST(Policy, RoundTripsThroughToString) {
   for (const char* s :
        {"full", "full,kv=f32", "shadowkv", "shadowkv,rank=160", "yakv", "oracle",
         "landmarks,chunk=4,lm=int4:g32", "yakv,lm=residual,meta=higgs4,res=1bit,m=4",
-        "yakv,gqa=mean,sink=4,keys_prerope=1", "oracle,budget=512", "yakv,min_budget=1024"}) {
+        "yakv,gqa=mean,sink=4,keys_prerope=1", "oracle,budget=512", "yakv,min_budget=1024",
+        "yakv,cache=step", "oracle,cache=all"}) {
     PolicyConfig p = parse_policy(s);
     std::string t = to_string(p);
     EXPECT_EQ(to_string(parse_policy(t)), t) << s;
@@ -113,6 +119,8 @@ TEST(Policy, ErrorsNameTheKeyAndTheValidValues) {
   EXPECT_NE(error_of("yakv,budget=2.5").find("budget"), std::string::npos);
   EXPECT_NE(error_of("yakv,chunk=0").find("chunk"), std::string::npos);
   EXPECT_NE(error_of("yakv,gqa=min").find("shadowkv, mean"), std::string::npos);
+  EXPECT_NE(error_of("yakv,cache=some").find("auto, step, all"), std::string::npos);
+  EXPECT_NE(error_of("full,cache=all").find("cache"), std::string::npos);
   EXPECT_NE(error_of("yakv,index=svd").find("none, landmarks, exact, shadowkv"),
             std::string::npos);
   EXPECT_NE(error_of("yakv,kv=int9").find("kv=int9"), std::string::npos);

@@ -221,11 +221,27 @@ void TieredSeq::grow(int64_t need) {
           fill(x_, L.gram.data(), 0, L.gram.bytes());
         }
       }
-    } else if (plan_.host == HostLayout::values_only) {
-      Buffer kp = dev_.alloc_host(size_t(std::max<int64_t>(1, cap - n_prompt_) * plan_.host_tok_bytes));
-      if (L.kplane) copy(x_, kp.data(), L.kplane.data(), size_t((n - n_prompt_) * plan_.host_tok_bytes));
-      L.kplane = std::move(kp);
+    } else {
+      if (plan_.host == HostLayout::values_only) {
+        Buffer kp = dev_.alloc_host(size_t(std::max<int64_t>(1, cap - n_prompt_) * plan_.host_tok_bytes));
+        if (L.kplane) copy(x_, kp.data(), L.kplane.data(), size_t((n - n_prompt_) * plan_.host_tok_bytes));
+        L.kplane = std::move(kp);
+      }
+      if (cache_all_) {  // the held tokens keep their slots and bits
+        const int64_t words = (cap + 31) / 32;
+        if (dev_.kind() == DeviceKind::cuda) regrow_rows(L.slots, slot_rows_ * plan_.slot_bytes, cap * plan_.slot_bytes, H);
+        Buffer held = dev_.alloc(size_t(H * words * 4));
+        fill(x_, held.data(), 0, held.bytes());
+        for (int64_t r = 0; r < H; ++r)
+          copy(x_, held.data<uint8_t>() + r * words * 4, L.prev_sel.data<uint8_t>() + r * sel_words_ * 4,
+               size_t(sel_words_ * 4));
+        L.prev_sel = std::move(held);
+      }
     }
+  }
+  if (decoding_ && cache_all_) {
+    if (dev_.kind() == DeviceKind::cuda) slot_rows_ = cap;
+    sel_words_ = (cap + 31) / 32;
   }
   sync(x_);
   cap_ = cap;
@@ -338,17 +354,51 @@ void TieredSeq::start_decode() {
     L.kpre = Buffer();
     L.gram = Buffer();
     L.stats = Buffer();
-    L.slots = dev_.alloc(size_t(H) * kmax_tok_ * plan_.slot_bytes);
-    L.prev_sel = dev_.alloc(size_t(H) * kmax_tok_ * 4);
-    L.prev_slot = dev_.alloc(L.prev_sel.bytes());
-    fill(x_, L.prev_sel.data(), 0xff, L.prev_sel.bytes());
+  }
+  choose_cache();
+  for (TieredLayer& L : layers_) {
+    L.slots = dev_.alloc(size_t(H) * slot_rows_ * plan_.slot_bytes);
+    L.prev_sel = dev_.alloc(size_t(H) * sel_words_ * 4);
+    L.prev_slot = dev_.alloc(size_t(H) * kmax_tok_ * 4);
+    fill(x_, L.prev_sel.data(), cache_all_ ? 0 : 0xff, L.prev_sel.bytes());  // cache=all: no token held yet
     fill(x_, L.prev_slot.data(), 0xff, L.prev_slot.bytes());
     if (plan_.host == HostLayout::values_only) {
       L.kplane = dev_.alloc_host(size_t(std::max<int64_t>(1, cap_ - n_prompt_) * plan_.host_tok_bytes));
     }
   }
   sync(x_);
+  needs_fill_ = cache_all_;
   ++generation_;
+}
+
+// cache=all keeps every token's decoded K|V on the GPU (slot = token); auto
+// takes it when that fits in free GPU memory with a margin (10 % of the
+// device, at least 1 GiB) left for activations and other sequences.
+void TieredSeq::choose_cache() {
+  const KvGeometry& g = plan_.geometry;
+  const bool gpu = dev_.kind() == DeviceKind::cuda;
+  const int64_t all_bytes = int64_t(g.n_layer) * g.n_kv_head * (cap_ * plan_.slot_bytes + (cap_ + 31) / 32 * 4);
+  bool fits = true;
+  int64_t free_b = 0;
+  if (gpu) {
+    const auto [f, total] = dev_.mem_info();
+    free_b = int64_t(f);
+    fits = all_bytes + std::max<int64_t>(int64_t(1) << 30, int64_t(total) / 10) <= free_b;
+  }
+  switch (plan_.policy.cache) {
+    case CacheMode::step: cache_all_ = false; break;
+    case CacheMode::all:
+      KVT_CHECK(fits, "kv policy cache=all: the decoded K/V of {} tokens needs {:.2f} GB of GPU memory and {:.2f} GB "
+                "are free (with a margin); use cache=auto or cache=step",
+                cap_, double(all_bytes) / 1e9, double(free_b) / 1e9);
+      cache_all_ = true;
+      break;
+    default: cache_all_ = gpu && fits; break;
+  }
+  // The CPU decodes what it selects at every step into kmax scratch slots;
+  // its cache=all is the bitmap (the statistic a GPU would see).
+  slot_rows_ = cache_all_ && gpu ? cap_ : kmax_tok_;
+  sel_words_ = cache_all_ ? (cap_ + 31) / 32 : kmax_tok_;
 }
 
 KvMemory TieredSeq::memory() const {
@@ -370,7 +420,7 @@ KvMemory TieredSeq::memory() const {
       m.gpu_bytes += 2 * int64_t(plan_.rank) * H * g.head_dim;                        // Vᵀ
       m.gpu_bytes += 2 * int64_t(plan_.rank) * (decoding_ ? n_prompt_ : n);           // U·S rows
     }
-    if (decoding_) m.gpu_bytes += H * kmax_tok_ * (plan_.slot_bytes + 8);  // the slot cache and its state
+    if (decoding_) m.gpu_bytes += H * (slot_rows_ * plan_.slot_bytes + 4 * sel_words_ + 4 * kmax_tok_);  // slots, state
     m.host_bytes += n * plan_.host_tok_bytes;
     if (plan_.host == HostLayout::values_only && decoding_) m.host_bytes += (n - n_prompt_) * plan_.host_tok_bytes;
     if (plan_.host_spec.kind == QuantKind::nvfp4) m.host_bytes += 8;  // the per-tensor scales
@@ -423,6 +473,7 @@ void TieredKv::start_decode() {
   seq_->start_decode();
   batch_ = std::make_unique<DecodeBatch>(seq_->plan(), seq_->device());
   batch_->set_sequences({seq_.get()});
+  batch_->prepare();  // cache=all: the prompt's K/V into the GPU slots now, not in the first step
 }
 
 }  // namespace kvtier

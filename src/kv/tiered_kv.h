@@ -6,7 +6,8 @@
 //            plane1 [H rows] scales (planar) or meta records (residual)
 //   host     [cap tokens][host_tok_bytes]  (values_only: + kplane for generated keys)
 //   resident [H rows][sink + ring + outlier tokens][K|V]
-//   slots    [H rows][kmax][K|V]  the slot cache (CPU: the decode scratch)
+//   slots    [H rows][kmax][K|V]  the slot cache (CPU: the decode scratch);
+//            cache=all on the GPU: [H rows][cap][K|V], token t in slot t
 // Prefill is dense over a working copy of the prompt's K/V, released at
 // start_decode, when the index is finished (shadowkv: its SVD and outliers).
 // Decode steps run through a DecodeBatch (decode_batch.h) of one or more
@@ -57,6 +58,11 @@ class TieredSeq {
   int64_t capacity() const { return cap_; }
   int64_t budget_tokens() const { return budget_; }
   int kmax_tokens() const { return kmax_tok_; }
+  bool cache_all() const { return cache_all_; }        // policy cache=all (or auto that chose it)
+  int64_t slot_row_tokens() const { return slot_rows_; }  // slots per row: kmax, or the capacity (cache=all, GPU)
+  int64_t sel_state_words() const { return sel_words_; }  // prev_sel words per row (cache=all: the bitmap)
+  bool needs_fill() const { return needs_fill_; }          // cache=all: the prompt is not in the slots yet
+  void note_filled() { needs_fill_ = false; }
   KvMemory memory() const;
   KvStats stats() const;
 
@@ -74,6 +80,7 @@ class TieredSeq {
  private:
   void grow(int64_t need);
   void finish_shadowkv();
+  void choose_cache();
 
   KvPlan plan_;
   const Device& dev_;
@@ -85,6 +92,8 @@ class TieredSeq {
   int64_t res_slots_ = 0, res_slot_ = 0;
   int64_t n_prompt_ = 0, budget_ = 0;
   int kmax_tok_ = 0;
+  int64_t slot_rows_ = 0, sel_words_ = 0;
+  bool cache_all_ = false, needs_fill_ = false;
   int n_outlier_tok_ = 0;
   bool decoding_ = false;
   uint64_t generation_ = 0;

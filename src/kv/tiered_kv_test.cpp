@@ -78,6 +78,8 @@ TEST_P(TieredKvVsStore, SameAttentionOutputs) {
   Device cpu(DeviceKind::cpu);
   TieredKvStore ref(p, g);
   TieredKv kv(plan_kv(p, g, DeviceKind::cpu), cpu);
+  // cache=all changes what is counted as read from the host tier, not what is attended to.
+  TieredKv all(plan_kv(parse_policy(std::string(c.policy) + ",cache=all"), g, DeviceKind::cpu), cpu);
   std::mt19937 rng(7);
   const int n_prompt = 301, n_steps = 24;
   const float scale = 1.f / std::sqrt(float(D));
@@ -100,23 +102,29 @@ TEST_P(TieredKvVsStore, SameAttentionOutputs) {
       const std::vector<float> v = bf16_values(rng, size_t(n) * W, 1.0f);
       ref.append(l, pre.data(), post.data(), v.data(), n);
       kv.append(l, pre.data(), post.data(), v.data(), W, n);
+      all.append(l, pre.data(), post.data(), v.data(), W, n);
     }
   }
   ref.set_phase(KvPhase::decode);
   kv.start_decode();
+  all.start_decode();
   double worst = 0;
+  bool same = true;
   for (int step = 0; step < n_steps; ++step)
     for (int l = 0; l < L; ++l) {
       std::vector<float> pre, post;
       keys(1, n_prompt + step, pre, post);
       const std::vector<float> v = bf16_values(rng, size_t(W), 1.0f);
       const std::vector<float> q = bf16_values(rng, size_t(QH) * D, 1.0f);
-      if (l == 0) kv.begin_step(1);
+      if (l == 0) kv.begin_step(1), all.begin_step(1);
       ref.append(l, pre.data(), post.data(), v.data(), 1);
       kv.append(l, pre.data(), post.data(), v.data(), W, 1);
-      std::vector<float> a(size_t(QH) * D), b(size_t(QH) * D);
+      all.append(l, pre.data(), post.data(), v.data(), W, 1);
+      std::vector<float> a(size_t(QH) * D), b(size_t(QH) * D), b_all(size_t(QH) * D);
       ref.attend(l, q.data(), 1, scale, a.data());
       kv.attend(l, q.data(), QH * D, 1, scale, b.data());
+      all.attend(l, q.data(), QH * D, 1, scale, b_all.data());
+      same = same && b == b_all;
       worst = std::max(worst, rel_l2(b, a));
     }
   EXPECT_LT(worst, c.tol) << c.policy;
@@ -125,6 +133,14 @@ TEST_P(TieredKvVsStore, SameAttentionOutputs) {
   EXPECT_LE(st.n_fetched, st.n_selected);
   // The same host-tier reuse as the store's own statistic.
   EXPECT_NEAR(st.hit_rate(), ref.stats().reuse_rate(), 0.02) << c.policy;
+  // cache=all: the prompt is held from the start; a generated token is read
+  // at most once per (layer, KV head), after it leaves the window.
+  EXPECT_TRUE(same) << c.policy;
+  EXPECT_TRUE(all.seq().cache_all());
+  const KvStats sa = all.stats();
+  EXPECT_EQ(sa.n_selected, st.n_selected) << c.policy;
+  EXPECT_LE(sa.n_fetched, int64_t(n_steps) * L * H) << c.policy;
+  EXPECT_LE(sa.n_fetched, st.n_fetched) << c.policy;
 }
 
 INSTANTIATE_TEST_SUITE_P(

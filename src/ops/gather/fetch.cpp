@@ -1,4 +1,4 @@
-// fetch_rows' dispatcher (fetch.h).
+// fetch_rows' and fetch_fill's dispatchers (fetch.h).
 #include "core/status.h"
 #include "ops/index_score/index_rows.h"
 #include "ops/gather/fetch.h"
@@ -23,6 +23,14 @@ void fetch_rows(const Exec& x, const FetchParams& p, const int32_t* sel, const F
   KVT_CHECK(!x.cuda(), "fetch_rows: built without CUDA");
   note_cpu_decode_op();
   fetch_rows_cpu(p, sel, r, view_rows, view);
+}
+
+void fetch_fill(const Exec& x, const FetchParams& p, const FetchRows& r, const int64_t* fill_n, int64_t max_fill) {
+#ifdef KVT_CUDA
+  if (x.cuda()) return cuda::fetch_fill(x, p, r, fill_n, max_fill);
+#endif
+  KVT_CHECK(!x.cuda(), "fetch_fill: built without CUDA");
+  fetch_fill_cpu(p, r, fill_n);
 }
 
 }  // namespace kvtier

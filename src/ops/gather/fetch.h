@@ -59,6 +59,12 @@ struct FetchRows {
   int32_t* slot_of = nullptr;              // [rows, kmax] out: this step's slot per entry (−1: none)
   void* scratch = nullptr;                 // CUDA: fetch_scratch_bytes(p)
   unsigned long long* const* counters = nullptr;  // [n_seq] → [2]: += selected entries, += misses
+  // [n_seq] or null. 1: the sequence's rows cache every token (policy
+  // cache=all): token t lives in slot t (slots hold the context's capacity)
+  // and prev_sel is a bitmap of the tokens held ([capacity / 32] words,
+  // uint32); a selected token not yet held is a miss, read once. 0: the slot
+  // cache above.
+  const int32_t* cache_all = nullptr;
 };
 
 struct FetchView {
@@ -77,5 +83,13 @@ void fetch_rows(const Exec& x, const FetchParams& p, const int32_t* sel, const F
                 const uint8_t** view_rows, FetchView* view);
 void fetch_rows_cpu(const FetchParams& p, const int32_t* sel, const FetchRows& r, const uint8_t** view_rows,
                     FetchView* view);
+
+// cache=all: decodes tokens [0, fill_n[s]) of every row of sequence s into
+// their slots and marks them held (counted neither as selected nor as
+// misses): the prompt, read from the host tier in order when decode starts.
+// fill_n: [n_seq] on x's device, each ≤ max_fill. The CPU only marks them
+// (it decodes what it selects at every step; its bitmap is the statistic).
+void fetch_fill(const Exec& x, const FetchParams& p, const FetchRows& r, const int64_t* fill_n, int64_t max_fill);
+void fetch_fill_cpu(const FetchParams& p, const FetchRows& r, const int64_t* fill_n);
 
 }  // namespace kvtier

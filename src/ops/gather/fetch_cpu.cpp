@@ -64,8 +64,19 @@ void fetch_rows_cpu(const FetchParams& p, const int32_t* sel, const FetchRows& r
     int64_t n_sel = 0;
     for (int j = 0; j < K - ks; ++j) KVT_CHECK(sel[row * K + j] < 0, "fetch: row {} selects more than {}", row, ks);
     for (int j = 0; j < ks; ++j) n_sel += now[j] >= 0;
-    const int64_t misses = n_sel - count_hits(now, r.prev_sel[row], ks);
-    std::copy_n(now, ks, r.prev_sel[row]);
+    int64_t misses = 0;
+    if (r.cache_all && r.cache_all[s]) {  // a bitmap of the tokens held; a miss is read once
+      auto* held = reinterpret_cast<uint32_t*>(r.prev_sel[row]);
+      for (int j = 0; j < ks; ++j) {
+        const int32_t t = now[j];
+        if (t < 0) continue;
+        const uint32_t bit = 1u << (t & 31);
+        if (!(held[t >> 5] & bit)) ++misses, held[t >> 5] |= bit;
+      }
+    } else {
+      misses = n_sel - count_hits(now, r.prev_sel[row], ks);
+      std::copy_n(now, ks, r.prev_sel[row]);
+    }
     if (r.counters) {
       r.counters[s][0] += uint64_t(n_sel);
       r.counters[s][1] += uint64_t(misses);
@@ -135,6 +146,16 @@ void fetch_rows_cpu(const FetchParams& p, const int32_t* sel, const FetchRows& r
   view->v_offset = int64_t(D) * 4;
   view->elt = KvElt::f32;
   view->idx = r.slot_of;
+}
+
+void fetch_fill_cpu(const FetchParams& p, const FetchRows& r, const int64_t* fill_n) {
+  const int H = p.n_kv_head;
+  for (int64_t row = 0; row < int64_t(p.n_seq) * H; ++row) {
+    const int s = int(row / H);
+    if (!r.cache_all || !r.cache_all[s]) continue;
+    auto* held = reinterpret_cast<uint32_t*>(r.prev_sel[row]);
+    for (int64_t t = 0; t < fill_n[s]; ++t) held[t >> 5] |= 1u << (t & 31);
+  }
 }
 
 }  // namespace kvtier
