@@ -4,14 +4,14 @@
 # engines ROUNDS times; prints each engine's median and the ratio
 # kvtier / llama.cpp for prefill and decode tokens/s.
 #   pip install llama-cpp-python==0.3.36
-#   bench/cpu_vs_llama_cpp.sh [ROUNDS] [THREADS] [PROMPT_TOKENS] [GEN_TOKENS]
+#   bench/cpu_vs_llama_cpp.sh [ROUNDS] [THREADS] [PROMPT_TOKENS] [GEN_TOKENS]   (KVTIER=path/to/kvtier)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}; threads=${2:-2}; n_prompt=${3:-512}; n_gen=${4:-128}
 model=models/cache/SmolLM2-135M-Instruct.Q4_1.gguf
 dir=$(mktemp -d)
 for r in $(seq "$rounds"); do
-  ./build/tools/kvtier perf -m "$model" -t "$threads" -p "$n_prompt" -g "$n_gen" -r 1 --json >"$dir/kvtier_$r.json"
+  "${KVTIER:-./build/tools/kvtier}" perf -m "$model" -t "$threads" -p "$n_prompt" -g "$n_gen" -r 1 --json >"$dir/kvtier_$r.json"
   python3 bench/llama_cpp_peer.py --model "$model" --threads "$threads" --prompt-tokens "$n_prompt" \
     --gen "$n_gen" --reps 1 >"$dir/llama_$r.json" 2>/dev/null
 done

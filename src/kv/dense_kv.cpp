@@ -140,7 +140,7 @@ void DenseKv::attend(int layer, const void* q, int64_t q_stride, int n_tok, floa
   const int64_t n = n_[size_t(layer)];
   KVT_CHECK(n_tok >= 1 && n_tok <= n, "dense cache: attend to {} queries with {} tokens held", n_tok, n);
   if (decoding_) stage(x_, "attend");
-  if (n_tok > 1 || !x_.cuda() || !decoding_) {
+  if (n_tok > 1 || !decoding_) {
     AttentionParams ap{g.n_head, g.n_kv_head, g.head_dim, scale};
     prefill_attention(x_, ap, q, q_stride, n_tok, k_[size_t(layer)].data(), v_[size_t(layer)].data(), W, n, out,
                       q_stride);
@@ -148,10 +148,13 @@ void DenseKv::attend(int layer, const void* q, int64_t q_stride, int n_tok, floa
     return;
   }
   KVT_CHECK(q_stride == int64_t(g.n_head) * g.head_dim, "dense cache: decode query rows must be dense");
-  DecodeAttnParams p{1, g.n_head, g.n_kv_head, g.head_dim, scale, KvElt::bf16};
+  // Decode: split-K attention over the stored rows (CPU: f32 through the
+  // vector row kernels, work split by KV head and token block).
+  DecodeAttnParams p{1, g.n_head, g.n_kv_head, g.head_dim, scale, x_.cuda() ? KvElt::bf16 : KvElt::f32};
   p.tok_stride = W * ab;
   p.v_offset = v_[size_t(layer)].data<uint8_t>() - k_[size_t(layer)].data<uint8_t>();
-  p.n_tok = n_dev_.data<int64_t>() + 1;  // staged by begin_step
+  if (x_.cuda()) p.n_tok = n_dev_.data<int64_t>() + 1;  // staged by begin_step
+  else p.n_tok_fixed = n;
   p.n_tok_max = cap_;
   p.n_split = n_split_;
   const int n_split = n_split_;

@@ -77,8 +77,9 @@ struct Avx2 {
 }  // namespace
 
 void row_avx2(const RowJob& job) {
-  if (job.fp8) row_kernel<Avx2, true>(job);
-  else row_kernel<Avx2, false>(job);
+  if (job.f32) row_kernel<Avx2, 2>(job);
+  else if (job.fp8) row_kernel<Avx2, 1>(job);
+  else row_kernel<Avx2, 0>(job);
 }
 
 void exp_avx2(const float* x, int64_t n, float* y) { exp_array<Avx2>(x, n, y); }

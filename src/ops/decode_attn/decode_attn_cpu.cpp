@@ -1,7 +1,7 @@
-// CPU decode attention: (row, split) jobs on the thread pool. bf16 and FP8
-// K/V go through the row kernel of the machine's ISA (decode_attn_kernels.h:
-// AVX-512, AVX2 or scalar, K/V widened in registers); f32 K/V, and head dims
-// no vector kernel takes, through the generic loop below. Then the LSE merge.
+// CPU decode attention: (row, split) jobs on the thread pool, each through
+// the row kernel of the machine's ISA (decode_attn_kernels.h: AVX-512, AVX2,
+// or scalar for head dims no vector kernel takes), K/V read as stored (bf16
+// and FP8 widened in registers, f32 as they are). Then the LSE merge.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -24,18 +24,6 @@ void attn_merge_cpu(int n_part, int64_t n_qh, int head_dim, const float* part_ou
 
 namespace {
 
-// One slot's K or V row as f32.
-inline void load_row(KvElt e, const uint8_t* src, float* dst, int n) {
-  if (e == KvElt::f32) {
-    std::memcpy(dst, src, size_t(n) * 4);
-  } else if (e == KvElt::bf16) {
-    const auto* s = reinterpret_cast<const uint16_t*>(src);
-    for (int i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
-  } else {
-    for (int i = 0; i < n; ++i) dst[i] = e4m3_to_f32(src[i]);
-  }
-}
-
 void check_params(const DecodeAttnParams& p) {
   KVT_CHECK(p.n_kv_head > 0 && p.n_head > 0 && p.n_head % p.n_kv_head == 0,
             "decode_attn: n_head {} is not a positive multiple of n_kv_head {}", p.n_head, p.n_kv_head);
@@ -48,65 +36,18 @@ void check_params(const DecodeAttnParams& p) {
             "decode_attn: unknown element type {}", int(p.elt));
 }
 
-// f32 accumulation, online softmax per (row, split): any element type and head dim.
-void decode_attn_generic(const DecodeAttnParams& p, const float* q, const uint8_t* const* rows, const int32_t* idx,
-                     float* part_out, float* part_lse) {
-  const int G = p.n_head / p.n_kv_head, D = p.head_dim;
-  const int64_t n_rows = int64_t(p.n_seq) * p.n_kv_head, n_qh = int64_t(p.n_seq) * p.n_head;
-  default_pool().parallel_for(n_rows * p.n_split, 1, [&](int64_t w0, int64_t w1, int) {
-    std::vector<float> kr(static_cast<size_t>(D)), vr(static_cast<size_t>(D)), acc(size_t(G) * D);
-    std::vector<float> m(static_cast<size_t>(G)), l(static_cast<size_t>(G));
-    for (int64_t w = w0; w < w1; ++w) {
-      const int64_t r = w / p.n_split;
-      const int b = int(w % p.n_split);
-      const int64_t seq = r / p.n_kv_head, kvh = r % p.n_kv_head;
-      const int64_t n = p.n_tok ? p.n_tok[seq * p.n_tok_stride] : p.n_tok_fixed;
-      const int64_t chunk = (n + p.n_split - 1) / p.n_split;
-      const int64_t j0 = int64_t(b) * chunk, j1 = std::min(n, j0 + chunk);
-      const float* qg = q + (seq * p.n_head + kvh * G) * D;
-      std::fill(acc.begin(), acc.end(), 0.f);
-      std::fill(m.begin(), m.end(), -INFINITY);
-      std::fill(l.begin(), l.end(), 0.f);
-      for (int64_t j = j0; j < j1; ++j) {
-        const int64_t slot = idx ? idx[r * p.idx_stride + j] : j;
-        if (slot < 0) continue;
-        load_row(p.elt, rows[r] + slot * p.tok_stride, kr.data(), D);
-        load_row(p.elt, rows[r] + p.v_offset + slot * p.tok_stride, vr.data(), D);
-        for (int g = 0; g < G; ++g) {
-          const float* qh = qg + int64_t(g) * D;
-          float sc = 0.f;
-          for (int d = 0; d < D; ++d) sc += qh[d] * kr[size_t(d)];
-          sc *= p.scale;
-          float* a = acc.data() + size_t(g) * D;
-          if (sc > m[size_t(g)]) {
-            const float c = std::exp(m[size_t(g)] - sc);  // 0 on the first slot
-            for (int d = 0; d < D; ++d) a[d] *= c;
-            l[size_t(g)] *= c;
-            m[size_t(g)] = sc;
-          }
-          const float e = std::exp(sc - m[size_t(g)]);
-          l[size_t(g)] += e;
-          for (int d = 0; d < D; ++d) a[d] += e * vr[size_t(d)];
-        }
-      }
-      for (int g = 0; g < G; ++g) {
-        const int64_t qh = seq * p.n_head + kvh * G + g;
-        float* o = part_out + ((p.part0 + b) * n_qh + qh) * D;
-        const float li = l[size_t(g)];
-        for (int d = 0; d < D; ++d) o[d] = li > 0 ? acc[size_t(g) * D + d] / li : 0.f;
-        part_lse[(p.part0 + b) * n_qh + qh] = li > 0 ? m[size_t(g)] + std::log(li) : -INFINITY;
-      }
-    }
-  });
-}
-
 }  // namespace
 
 namespace attn_kernels {
 namespace {
 
-float load_scalar(bool fp8, const uint8_t* row, int d) {
-  if (fp8) return e4m3_to_f32(row[d]);
+float load_scalar(const RowJob& j, const uint8_t* row, int d) {
+  if (j.f32) {
+    float x;
+    std::memcpy(&x, row + 4 * d, 4);
+    return x;
+  }
+  if (j.fp8) return e4m3_to_f32(row[d]);
   uint16_t b;
   std::memcpy(&b, row + 2 * d, 2);
   return bf16_to_f32(b);
@@ -128,7 +69,7 @@ void row_scalar(const RowJob& j) {
       if (slot < 0) continue;
       const uint8_t* kr = j.k + slot * j.tok_stride;
       float s = 0;
-      for (int d = 0; d < D; ++d) s += q[d] * load_scalar(j.fp8, kr, d);
+      for (int d = 0; d < D; ++d) s += q[d] * load_scalar(j, kr, d);
       m = std::max(m, s * j.scale);
     }
     float sum = 0;
@@ -138,10 +79,10 @@ void row_scalar(const RowJob& j) {
       const uint8_t* kr = j.k + slot * j.tok_stride;
       const uint8_t* vr = j.v + slot * j.tok_stride;
       float s = 0;
-      for (int d = 0; d < D; ++d) s += q[d] * load_scalar(j.fp8, kr, d);
+      for (int d = 0; d < D; ++d) s += q[d] * load_scalar(j, kr, d);
       const float w = std::exp(s * j.scale - m);
       sum += w;
-      for (int d = 0; d < D; ++d) out[d] += w * load_scalar(j.fp8, vr, d);
+      for (int d = 0; d < D; ++d) out[d] += w * load_scalar(j, vr, d);
     }
     const float inv = sum > 0 ? 1.f / sum : 0.f;
     for (int d = 0; d < D; ++d) out[d] *= inv;
@@ -159,7 +100,6 @@ RowKernel row_kernel_for(CpuPath path, int head_dim) {
 void decode_attn_with(RowKernel kernel, const DecodeAttnParams& p, const float* q, const uint8_t* const* rows,
                       const int32_t* idx, float* part_out, float* part_lse) {
   check_params(p);
-  KVT_CHECK(p.elt != KvElt::f32, "decode_attn: the row kernels read bf16 or FP8, not f32");
   const int G = p.n_head / p.n_kv_head, D = p.head_dim;
   const int64_t n_rows = int64_t(p.n_seq) * p.n_kv_head;
   const int64_t n_qh = int64_t(p.n_seq) * p.n_head;
@@ -188,6 +128,7 @@ void decode_attn_with(RowKernel kernel, const DecodeAttnParams& p, const float* 
       j.head_dim = D;
       j.scale = p.scale;
       j.fp8 = p.elt == KvElt::fp8;
+      j.f32 = p.elt == KvElt::f32;
       j.k = rows[r];
       j.v = rows[r] + p.v_offset;
       j.tok_stride = p.tok_stride;
@@ -215,7 +156,6 @@ void decode_attn_with(RowKernel kernel, const DecodeAttnParams& p, const float* 
 void decode_attn_cpu(const DecodeAttnParams& p, const float* q, const uint8_t* const* rows, const int32_t* idx,
                      float* part_out, float* part_lse) {
   check_params(p);
-  if (p.elt == KvElt::f32) return decode_attn_generic(p, q, rows, idx, part_out, part_lse);
   attn_kernels::decode_attn_with(attn_kernels::row_kernel_for(cpu_path(), p.head_dim), p, q, rows, idx, part_out,
                                  part_lse);
 }

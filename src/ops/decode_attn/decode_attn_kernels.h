@@ -1,7 +1,7 @@
 // The per-ISA inner kernel of CPU decode attention (decode_attn_cpu.cpp
 // splits the work and calls it): the query heads of one GQA group over a
 // list of token slots of one KV row, K and V read in their stored precision
-// (bf16 or FP8-E4M3) and widened to f32 in registers.
+// (bf16 or FP8-E4M3 widened to f32 in registers, or f32: the CPU's dense cache).
 //
 // Each ISA's kernel lives in its own translation unit compiled with that
 // ISA's target flags (decode_attn_avx2.cpp, decode_attn_avx512.cpp); this
@@ -25,7 +25,8 @@ struct RowJob {
   int n_qh = 0;                   // query heads sharing this KV row (the GQA group)
   int head_dim = 0;               // a multiple of 8 (avx2) or 16 (avx512)
   float scale = 0.f;
-  bool fp8 = false;               // elements: E4M3 (1 byte) or bf16 (2 bytes)
+  bool fp8 = false;               // elements: E4M3 (1 byte), f32 (4 bytes, f32 set) or bf16 (2 bytes)
+  bool f32 = false;
   const uint8_t* k = nullptr;     // slot 0 of the row's keys
   const uint8_t* v = nullptr;     // slot 0 of the row's values
   int64_t tok_stride = 0;         // bytes between slots

@@ -23,9 +23,16 @@
 
 constexpr float kNegInf = -__builtin_inff();
 
-template <class S, bool kFp8>
+// Element kinds: kE 0 bf16, 1 FP8-E4M3, 2 f32.
+template <int kE>
+constexpr int64_t elt_bytes() {
+  return kE == 1 ? 1 : kE == 2 ? 4 : 2;
+}
+
+template <class S, int kE>
 inline typename S::V load_elt(const uint8_t* p) {
-  if constexpr (kFp8) return S::load_fp8(p);
+  if constexpr (kE == 1) return S::load_fp8(p);
+  else if constexpr (kE == 2) return S::load(reinterpret_cast<const float*>(p));
   else return S::load_bf16(p);
 }
 
@@ -33,44 +40,45 @@ inline float max_f(float a, float b) { return a > b ? a : b; }
 
 // acc[j] (j < NH) += p[j][t] · V[t] over the tile's nt tokens. acc: [NH, D]
 // (row stride D), p: [NH, kTile].
-template <class S, bool kFp8, int NH>
+template <class S, int kE, int NH>
 void accumulate_values(float* acc, const float* p, const uint8_t* const* vrow, int nt, int D) {
   using V = typename S::V;
-  constexpr int64_t eb = kFp8 ? 1 : 2;
+  constexpr int64_t eb = elt_bytes<kE>();
   for (int c = 0; c < D; c += S::W) {
     V a[NH];
     for (int j = 0; j < NH; ++j) a[j] = S::load(acc + j * D + c);
     for (int i = 0; i < nt; ++i) {
-      const V v = load_elt<S, kFp8>(vrow[i] + c * eb);
+      const V v = load_elt<S, kE>(vrow[i] + c * eb);
       for (int j = 0; j < NH; ++j) a[j] = S::fma(S::set1(p[j * kTile + i]), v, a[j]);
     }
     for (int j = 0; j < NH; ++j) S::store(acc + j * D + c, a[j]);
   }
 }
 
-template <class S, bool kFp8>
+template <class S, int kE>
 void accumulate_values_any(float* acc, const float* p, const uint8_t* const* vrow, int nt, int G, int D) {
   for (int h0 = 0; h0 < G; h0 += 8) {
     float* a = acc + int64_t(h0) * D;
     const float* ph = p + int64_t(h0) * kTile;
     switch (G - h0 < 8 ? G - h0 : 8) {
-      case 1: accumulate_values<S, kFp8, 1>(a, ph, vrow, nt, D); break;
-      case 2: accumulate_values<S, kFp8, 2>(a, ph, vrow, nt, D); break;
-      case 3: accumulate_values<S, kFp8, 3>(a, ph, vrow, nt, D); break;
-      case 4: accumulate_values<S, kFp8, 4>(a, ph, vrow, nt, D); break;
-      case 5: accumulate_values<S, kFp8, 5>(a, ph, vrow, nt, D); break;
-      case 6: accumulate_values<S, kFp8, 6>(a, ph, vrow, nt, D); break;
-      case 7: accumulate_values<S, kFp8, 7>(a, ph, vrow, nt, D); break;
-      default: accumulate_values<S, kFp8, 8>(a, ph, vrow, nt, D); break;
+      case 1: accumulate_values<S, kE, 1>(a, ph, vrow, nt, D); break;
+      case 2: accumulate_values<S, kE, 2>(a, ph, vrow, nt, D); break;
+      case 3: accumulate_values<S, kE, 3>(a, ph, vrow, nt, D); break;
+      case 4: accumulate_values<S, kE, 4>(a, ph, vrow, nt, D); break;
+      case 5: accumulate_values<S, kE, 5>(a, ph, vrow, nt, D); break;
+      case 6: accumulate_values<S, kE, 6>(a, ph, vrow, nt, D); break;
+      case 7: accumulate_values<S, kE, 7>(a, ph, vrow, nt, D); break;
+      default: accumulate_values<S, kE, 8>(a, ph, vrow, nt, D); break;
     }
   }
 }
 
-template <class S, bool kFp8>
+template <class S, int kE>
 void row_kernel(const RowJob& j) {
   using V = typename S::V;
   constexpr int W = S::W;
-  constexpr int64_t eb = kFp8 ? 1 : 2;
+  constexpr bool kFp8 = kE == 1;
+  constexpr int64_t eb = elt_bytes<kE>();
   const int D = j.head_dim, G = j.n_qh;
   float* ktile = j.scratch;                 // [kTile, D] widened keys
   float* qs = ktile + int64_t(kTile) * D;   // [G, D] q · scale (· 2^8 for FP8)
@@ -103,7 +111,7 @@ void row_kernel(const RowJob& j) {
     const int nt8 = (nt + 7) & ~7;
     // 1. keys → f32 tile (rows past nt zero, their scores masked below)
     for (int i = 0; i < nt; ++i)
-      for (int c = 0; c < D; c += W) S::store(ktile + i * D + c, load_elt<S, kFp8>(krow[i] + c * eb));
+      for (int c = 0; c < D; c += W) S::store(ktile + i * D + c, load_elt<S, kE>(krow[i] + c * eb));
     for (int i = nt; i < nt8; ++i)
       for (int c = 0; c < D; c += W) S::store(ktile + i * D + c, S::zero());
     for (int h = 0; h < G; ++h) {
@@ -142,7 +150,7 @@ void row_kernel(const RowJob& j) {
       m_run[h] = m_new;
     }
     // 4. values
-    accumulate_values_any<S, kFp8>(acc, p, vrow, nt, G, D);
+    accumulate_values_any<S, kE>(acc, p, vrow, nt, G, D);
   }
   for (int h = 0; h < G; ++h) {
     const bool any = l_run[h] > 0.f;

@@ -64,7 +64,7 @@ struct Case {
 };
 
 std::string case_name(const Case& c) {
-  return std::string(c.elt == KvElt::bf16 ? "bf16" : "fp8") + "_d" + std::to_string(c.head_dim) + "_h" +
+  return std::string(c.elt == KvElt::bf16 ? "bf16" : c.elt == KvElt::f32 ? "f32" : "fp8") + "_d" + std::to_string(c.head_dim) + "_h" +
          std::to_string(c.n_head) + "x" + std::to_string(c.n_kv_head) + "_n" + std::to_string(c.n_tok) +
          (c.use_idx ? "_idx" : "") + "_s" + std::to_string(c.n_split) + "_q" + std::to_string(c.n_seq);
 }
@@ -75,7 +75,7 @@ std::string case_name(const Case& c) {
 std::vector<Case> grid() {
   std::vector<Case> cs;
   const int64_t lengths[] = {1, 7, 9, 31, 32, 33, 95, 300};
-  for (KvElt elt : {KvElt::bf16, KvElt::fp8})
+  for (KvElt elt : {KvElt::bf16, KvElt::fp8, KvElt::f32})
     for (int hd : {64, 128})
       for (int group = 1; group <= 8; ++group)
         for (int64_t n : lengths) {
@@ -90,6 +90,7 @@ std::vector<Case> grid() {
   cs.push_back({KvElt::bf16, 64, 24, 2, 300, false, 4}); // group 12
   cs.push_back({KvElt::fp8, 128, 8, 2, 129, true, 3, 3});  // several sequences
   cs.push_back({KvElt::bf16, 64, 4, 4, 0, false, 2});    // no tokens: empty parts
+  cs.push_back({KvElt::f32, 36, 6, 2, 40, false, 2});     // f32, scalar fallback
   return cs;
 }
 
@@ -115,7 +116,7 @@ Inputs make_inputs(const Case& c, uint32_t seed) {
   p.head_dim = c.head_dim;
   p.scale = 1.f / std::sqrt(float(c.head_dim));
   p.elt = c.elt;
-  const int64_t eb = c.elt == KvElt::bf16 ? 2 : 1;
+  const int64_t eb = c.elt == KvElt::bf16 ? 2 : c.elt == KvElt::f32 ? 4 : 1;
   const int64_t n_slots = c.n_tok + 5;
   p.tok_stride = c.head_dim * eb + 16;
   const int64_t row_stride = n_slots * p.tok_stride + 32;
@@ -130,7 +131,9 @@ Inputs make_inputs(const Case& c, uint32_t seed) {
         for (int d = 0; d < c.head_dim; ++d) {
           uint8_t* at = in.kv.data() + kv * p.v_offset + r * row_stride + s * p.tok_stride + d * eb;
           const float x = 2.f * g(rng);
-          if (eb == 2) {
+          if (eb == 4) {
+            std::memcpy(at, &x, 4);
+          } else if (eb == 2) {
             const uint16_t b = f32_to_bf16(x);
             std::memcpy(at, &b, 2);
           } else {
