@@ -244,17 +244,19 @@ __global__ void __launch_bounds__(kCopyThreads) copy_misses_kernel(FetchParams p
 constexpr size_t kStagedGridBytes = 24 * 1024;  // larger (custom) HIGGS grids stay in global memory
 constexpr int kMaxDim = 1024;  // values of a record a thread decodes (layer-wide records up to this width)
 
+// RoPE of pair i of a key at position t (the angle in f64, as the CPU's Rope).
+__device__ __forceinline__ void rope_pair(float* k, int D, int64_t t, int i, const float* inv_freq, bool interleaved) {
+  double sn, cs;
+  sincos(double(t) * inv_freq[i], &sn, &cs);
+  const float c = float(cs), s = float(sn);
+  const int i0 = interleaved ? 2 * i : i, i1 = interleaved ? 2 * i + 1 : i + D / 2;
+  const float x0 = k[i0], x1 = k[i1];
+  k[i0] = x0 * c - x1 * s;
+  k[i1] = x0 * s + x1 * c;
+}
+
 __device__ void rope_key(float* k, int D, int64_t t, const float* inv_freq, bool interleaved) {
-  const int half = D / 2;
-  for (int i = 0; i < half; ++i) {
-    double sn, cs;
-    sincos(double(t) * inv_freq[i], &sn, &cs);  // the angle in f64, as the CPU's Rope
-    const float c = float(cs), s = float(sn);
-    const int i0 = interleaved ? 2 * i : i, i1 = interleaved ? 2 * i + 1 : i + half;
-    const float x0 = k[i0], x1 = k[i1];
-    k[i0] = x0 * c - x1 * s;
-    k[i1] = x0 * s + x1 * c;
-  }
+  for (int i = 0; i < D / 2; ++i) rope_pair(k, D, t, i, inv_freq, interleaved);
 }
 
 // Staged records decoded into bf16 K|V slots: a thread per (row, miss, K or
@@ -370,15 +372,7 @@ __global__ void __launch_bounds__(32 * kDecodeWarps) higgs_decode_rows_kernel(Fe
     __syncwarp();
     float* val = y + off;
     if (which == 0 && p.keys_prerope) {  // rope_key's pairs, spread over the lanes
-      for (int q = lane; q < D / 2; q += 32) {
-        double sn, cs;
-        sincos(double(t) * p.inv_freq[q], &sn, &cs);
-        const float c = float(cs), sf = float(sn);
-        const int i0 = p.interleaved ? 2 * q : q, i1 = p.interleaved ? 2 * q + 1 : q + D / 2;
-        const float x0 = val[i0], x1 = val[i1];
-        val[i0] = x0 * c - x1 * sf;
-        val[i1] = x0 * sf + x1 * c;
-      }
+      for (int q = lane; q < D / 2; q += 32) rope_pair(val, D, t, q, p.inv_freq, p.interleaved);
       __syncwarp();
     }
     auto* dst = reinterpret_cast<__nv_bfloat16*>(fr.slots[r] + int64_t(ts.y) * p.slot_bytes) + int64_t(which) * D;
@@ -415,15 +409,7 @@ __global__ void __launch_bounds__(1024) svd_rebuild_kernel(FetchParams p, FetchR
     }
     __syncthreads();
     for (int pass = 0; pass < (p.keys_prerope ? 2 : 1); ++pass) {  // as slot_decode_rows_kernel's K path
-      if (d < D / 2) {
-        double sn, cs;
-        sincos(double(t) * p.inv_freq[d], &sn, &cs);  // the angle in f64, as the CPU's Rope
-        const float c = float(cs), sf = float(sn);
-        const int i0 = p.interleaved ? 2 * d : d, i1 = p.interleaved ? 2 * d + 1 : d + D / 2;
-        const float x0 = k_s[i0], x1 = k_s[i1];
-        k_s[i0] = x0 * c - x1 * sf;
-        k_s[i1] = x0 * sf + x1 * c;
-      }
+      if (d < D / 2) rope_pair(k_s, D, t, d, p.inv_freq, p.interleaved);
       __syncthreads();
     }
     if (d < D) reinterpret_cast<__nv_bfloat16*>(fr.slots[r] + int64_t(slot) * p.slot_bytes)[d] = __float2bfloat16_rn(k_s[d]);
