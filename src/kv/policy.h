@@ -22,8 +22,8 @@
 //   cache   : the decoded K/V kept on the GPU between steps: step (the last
 //             step's selection, kmax slots per KV head), all (every token of the
 //             context, filled from the host tier when decode starts, so only
-//             generated tokens cross PCIe, once), auto (all when it fits in free
-//             GPU memory, else step; step on the CPU)
+//             generated tokens cross PCIe, once), auto (all when free GPU
+//             memory holds it twice with a margin, else step; step on the CPU)
 #pragma once
 #include <cstdint>
 #include <string>

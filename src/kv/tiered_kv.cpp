@@ -372,18 +372,22 @@ void TieredSeq::start_decode() {
 }
 
 // cache=all keeps every token's decoded K|V on the GPU (slot = token); auto
-// takes it when that fits in free GPU memory with a margin (10 % of the
-// device, at least 1 GiB) left for activations and other sequences.
+// takes it when free GPU memory holds it twice plus a margin (10 % of the
+// device, at least 1 GiB): the second copy's room is what the next sequence
+// of this length needs for its prefill's working K/V (the same bytes), so a
+// server's later requests are not starved by the first one's cache.
 void TieredSeq::choose_cache() {
   const KvGeometry& g = plan_.geometry;
   const bool gpu = dev_.kind() == DeviceKind::cuda;
   const int64_t all_bytes = int64_t(g.n_layer) * g.n_kv_head * (cap_ * plan_.slot_bytes + (cap_ + 31) / 32 * 4);
-  bool fits = true;
+  bool fits = true, fits_twice = true;
   int64_t free_b = 0;
   if (gpu) {
     const auto [f, total] = dev_.mem_info();
     free_b = int64_t(f);
-    fits = all_bytes + std::max<int64_t>(int64_t(1) << 30, int64_t(total) / 10) <= free_b;
+    const int64_t margin = std::max<int64_t>(int64_t(1) << 30, int64_t(total) / 10);
+    fits = all_bytes + margin <= free_b;
+    fits_twice = 2 * all_bytes + margin <= free_b;
   }
   switch (plan_.policy.cache) {
     case CacheMode::step: cache_all_ = false; break;
@@ -393,7 +397,7 @@ void TieredSeq::choose_cache() {
                 cap_, double(all_bytes) / 1e9, double(free_b) / 1e9);
       cache_all_ = true;
       break;
-    default: cache_all_ = gpu && fits; break;
+    default: cache_all_ = gpu && fits_twice; break;
   }
   // The CPU decodes what it selects at every step into kmax scratch slots;
   // its cache=all is the bitmap (the statistic a GPU would see).
