@@ -229,19 +229,16 @@ void TieredSeq::grow(int64_t need) {
       }
       if (cache_all_) {  // the held tokens keep their slots and bits
         const int64_t words = (cap + 31) / 32;
-        if (dev_.kind() == DeviceKind::cuda) regrow_rows(L.slots, slot_rows_ * plan_.slot_bytes, cap * plan_.slot_bytes, H);
+        if (dev_.kind() == DeviceKind::cuda)
+          regrow_rows(L.slots, slot_row_tokens() * plan_.slot_bytes, cap * plan_.slot_bytes, H);
         Buffer held = dev_.alloc(size_t(H * words * 4));
         fill(x_, held.data(), 0, held.bytes());
         for (int64_t r = 0; r < H; ++r)
-          copy(x_, held.data<uint8_t>() + r * words * 4, L.prev_sel.data<uint8_t>() + r * sel_words_ * 4,
-               size_t(sel_words_ * 4));
+          copy(x_, held.data<uint8_t>() + r * words * 4, L.prev_sel.data<uint8_t>() + r * sel_state_words() * 4,
+               size_t(sel_state_words() * 4));
         L.prev_sel = std::move(held);
       }
     }
-  }
-  if (decoding_ && cache_all_) {
-    if (dev_.kind() == DeviceKind::cuda) slot_rows_ = cap;
-    sel_words_ = (cap + 31) / 32;
   }
   sync(x_);
   cap_ = cap;
@@ -357,8 +354,8 @@ void TieredSeq::start_decode() {
   }
   choose_cache();
   for (TieredLayer& L : layers_) {
-    L.slots = dev_.alloc(size_t(H) * slot_rows_ * plan_.slot_bytes);
-    L.prev_sel = dev_.alloc(size_t(H) * sel_words_ * 4);
+    L.slots = dev_.alloc(size_t(H) * slot_row_tokens() * plan_.slot_bytes);
+    L.prev_sel = dev_.alloc(size_t(H) * sel_state_words() * 4);
     L.prev_slot = dev_.alloc(size_t(H) * kmax_tok_ * 4);
     fill(x_, L.prev_sel.data(), cache_all_ ? 0 : 0xff, L.prev_sel.bytes());  // cache=all: no token held yet
     fill(x_, L.prev_slot.data(), 0xff, L.prev_slot.bytes());
@@ -371,38 +368,31 @@ void TieredSeq::start_decode() {
   ++generation_;
 }
 
-// cache=all keeps every token's decoded K|V on the GPU (slot = token); auto
-// takes it when free GPU memory holds it twice plus a margin (10 % of the
-// device, at least 1 GiB): the second copy's room is what the next sequence
-// of this length needs for its prefill's working K/V (the same bytes), so a
-// server's later requests are not starved by the first one's cache.
+bool choose_cache_all(CacheMode mode, bool gpu, int64_t all_bytes, int64_t free, int64_t total) {
+  const int64_t margin = std::max<int64_t>(int64_t(1) << 30, total / 10);
+  const bool fits = !gpu || all_bytes + margin <= free;
+  switch (mode) {
+    case CacheMode::step: return false;
+    case CacheMode::all:
+      KVT_CHECK(fits, "kv policy cache=all: the decoded K/V needs {:.2f} GB of GPU memory and {:.2f} GB are free "
+                "(keeping {:.2f} GB); use cache=auto or cache=step",
+                double(all_bytes) / 1e9, double(free) / 1e9, double(margin) / 1e9);
+      return true;
+    default: return gpu && 2 * all_bytes + margin <= free;
+  }
+}
+
+// cache=all: every token's decoded K|V on the GPU (slot = token).
 void TieredSeq::choose_cache() {
   const KvGeometry& g = plan_.geometry;
   const bool gpu = dev_.kind() == DeviceKind::cuda;
   const int64_t all_bytes = int64_t(g.n_layer) * g.n_kv_head * (cap_ * plan_.slot_bytes + (cap_ + 31) / 32 * 4);
-  bool fits = true, fits_twice = true;
-  int64_t free_b = 0;
+  int64_t free_b = 0, total_b = 0;
   if (gpu) {
-    const auto [f, total] = dev_.mem_info();
-    free_b = int64_t(f);
-    const int64_t margin = std::max<int64_t>(int64_t(1) << 30, int64_t(total) / 10);
-    fits = all_bytes + margin <= free_b;
-    fits_twice = 2 * all_bytes + margin <= free_b;
+    const auto [f, t] = dev_.mem_info();
+    free_b = int64_t(f), total_b = int64_t(t);
   }
-  switch (plan_.policy.cache) {
-    case CacheMode::step: cache_all_ = false; break;
-    case CacheMode::all:
-      KVT_CHECK(fits, "kv policy cache=all: the decoded K/V of {} tokens needs {:.2f} GB of GPU memory and {:.2f} GB "
-                "are free (with a margin); use cache=auto or cache=step",
-                cap_, double(all_bytes) / 1e9, double(free_b) / 1e9);
-      cache_all_ = true;
-      break;
-    default: cache_all_ = gpu && fits_twice; break;
-  }
-  // The CPU decodes what it selects at every step into kmax scratch slots;
-  // its cache=all is the bitmap (the statistic a GPU would see).
-  slot_rows_ = cache_all_ && gpu ? cap_ : kmax_tok_;
-  sel_words_ = cache_all_ ? (cap_ + 31) / 32 : kmax_tok_;
+  cache_all_ = choose_cache_all(plan_.policy.cache, gpu, all_bytes, free_b, total_b);
 }
 
 KvMemory TieredSeq::memory() const {
@@ -424,7 +414,8 @@ KvMemory TieredSeq::memory() const {
       m.gpu_bytes += 2 * int64_t(plan_.rank) * H * g.head_dim;                        // Vᵀ
       m.gpu_bytes += 2 * int64_t(plan_.rank) * (decoding_ ? n_prompt_ : n);           // U·S rows
     }
-    if (decoding_) m.gpu_bytes += H * (slot_rows_ * plan_.slot_bytes + 4 * sel_words_ + 4 * kmax_tok_);  // slots, state
+    if (decoding_)  // slots, selection state
+      m.gpu_bytes += H * (slot_row_tokens() * plan_.slot_bytes + 4 * sel_state_words() + 4 * kmax_tok_);
     m.host_bytes += n * plan_.host_tok_bytes;
     if (plan_.host == HostLayout::values_only && decoding_) m.host_bytes += (n - n_prompt_) * plan_.host_tok_bytes;
     if (plan_.host_spec.kind == QuantKind::nvfp4) m.host_bytes += 8;  // the per-tensor scales

@@ -24,6 +24,14 @@ namespace kvtier {
 
 class DecodeBatch;
 
+// Whether a sequence decodes with every token's K/V cached on the GPU
+// (policy cache=all|step|auto, see policy.h): all_bytes is that cache,
+// free/total the device's memory. auto takes it on the GPU when free memory
+// holds it twice (the second copy is what the next sequence of this length
+// needs for its prefill) plus max(1 GiB, 10 % of total); step on the CPU.
+// cache=all that does not fit even once throws kvtier::Error.
+bool choose_cache_all(CacheMode mode, bool gpu, int64_t all_bytes, int64_t free, int64_t total);
+
 struct TieredLayer {
   Buffer plane0, plane1;
   Buffer host, kplane;
@@ -59,8 +67,13 @@ class TieredSeq {
   int64_t budget_tokens() const { return budget_; }
   int kmax_tokens() const { return kmax_tok_; }
   bool cache_all() const { return cache_all_; }        // policy cache=all (or auto that chose it)
-  int64_t slot_row_tokens() const { return slot_rows_; }  // slots per row: kmax, or the capacity (cache=all, GPU)
-  int64_t sel_state_words() const { return sel_words_; }  // prev_sel words per row (cache=all: the bitmap)
+  // Slots per row: kmax, or the capacity (cache=all on the GPU; the CPU
+  // decodes into kmax scratch slots and keeps only the bitmap).
+  int64_t slot_row_tokens() const {
+    return cache_all_ && dev_.kind() == DeviceKind::cuda ? cap_ : kmax_tok_;
+  }
+  // prev_sel words per row: the last selection, or (cache=all) the bitmap of the tokens held.
+  int64_t sel_state_words() const { return cache_all_ ? (cap_ + 31) / 32 : kmax_tok_; }
   bool needs_fill() const { return needs_fill_; }          // cache=all: the prompt is not in the slots yet
   void note_filled() { needs_fill_ = false; }
   KvMemory memory() const;
@@ -92,7 +105,6 @@ class TieredSeq {
   int64_t res_slots_ = 0, res_slot_ = 0;
   int64_t n_prompt_ = 0, budget_ = 0;
   int kmax_tok_ = 0;
-  int64_t slot_rows_ = 0, sel_words_ = 0;
   bool cache_all_ = false, needs_fill_ = false;
   int n_outlier_tok_ = 0;
   bool decoding_ = false;

@@ -11,11 +11,13 @@
 #include <vector>
 
 #include "core/half.h"
+#include "core/status.h"
 #include "kv/decode_batch.h"
 #include "kv/dense_kv.h"
 #include "kv/full_kv.h"
 #include "kv/tiered_kv.h"
 #include "kv/tiered_store.h"
+#include "ops/index_score/index_rows.h"
 
 namespace kvtier {
 namespace {
@@ -159,6 +161,60 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"shadowkv,rank=24,budget=32,outliers=4,gqa=mean"},
                       Case{"yakv,budget=32", 128, 8, 2}, Case{"yakv,budget=32", 64, 7, 1},
                       Case{"yakv,budget=0.05,min_budget=24"}));
+
+// cache=auto takes every token's cache only when free GPU memory holds it
+// twice plus the margin (max(1 GiB, 10 % of the device)); never on the CPU.
+TEST(CacheChoice, AutoLeavesRoomForTheNextPrefill) {
+  const int64_t G = int64_t(1) << 30, total = 100 * G;  // margin 10 GiB
+  EXPECT_TRUE(choose_cache_all(CacheMode::auto_, true, 20 * G, 50 * G, total));   // 40 + 10 <= 50
+  EXPECT_FALSE(choose_cache_all(CacheMode::auto_, true, 20 * G, 49 * G, total));  // fits once, not twice
+  EXPECT_TRUE(choose_cache_all(CacheMode::all, true, 20 * G, 30 * G, total));     // once is enough when asked
+  EXPECT_FALSE(choose_cache_all(CacheMode::step, true, G, 100 * G, total));
+  EXPECT_FALSE(choose_cache_all(CacheMode::auto_, false, G, 0, 0));               // the CPU: step
+  EXPECT_TRUE(choose_cache_all(CacheMode::all, false, G, 0, 0));                  // its bitmap statistic
+  try {
+    choose_cache_all(CacheMode::all, true, 20 * G, 29 * G, total);
+    ADD_FAILURE() << "cache=all beyond free memory was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cache=step"), std::string::npos) << e.what();
+  }
+}
+
+// The CPU's full attention decodes through the decode-attention op (the
+// vector row kernels over the stored rows), with the prefill loop's outputs.
+TEST(DenseKvCpu, DecodeRunsTheDecodeAttentionOp) {
+  const int L = 2, D = 64, H = 2, QH = 6, W = H * D;
+  const KvGeometry g = geometry(L, QH, H, D);
+  const PolicyConfig p = parse_policy("full,kv=f32");
+  Device cpu(DeviceKind::cpu);
+  DenseKv kv(plan_kv(p, g, DeviceKind::cpu), cpu);
+  FullKvStore ref(p, g);
+  std::mt19937 rng(3);
+  const int n_prompt = 200;
+  const float scale = 1.f / std::sqrt(float(D));
+  for (int l = 0; l < L; ++l) {
+    const auto k = bf16_values(rng, size_t(n_prompt) * W, 1.f), v = bf16_values(rng, size_t(n_prompt) * W, 1.f);
+    kv.append(l, k.data(), k.data(), v.data(), W, n_prompt);
+    ref.append(l, k.data(), k.data(), v.data(), n_prompt);
+  }
+  kv.start_decode();
+  ref.set_phase(KvPhase::decode);
+  for (int step = 0; step < 3; ++step) {
+    kv.begin_step(1);
+    for (int l = 0; l < L; ++l) {
+      const auto k = bf16_values(rng, size_t(W), 1.f), v = bf16_values(rng, size_t(W), 1.f);
+      const auto q = bf16_values(rng, size_t(QH) * D, 1.f);
+      kv.append(l, k.data(), k.data(), v.data(), W, 1);
+      ref.append(l, k.data(), k.data(), v.data(), 1);
+      std::vector<float> a(size_t(QH) * D), b(size_t(QH) * D);
+      const int64_t before = cpu_decode_op_calls();
+      kv.attend(l, q.data(), QH * D, 1, scale, b.data());
+      EXPECT_GT(cpu_decode_op_calls(), before) << "the CPU decode step bypassed the decode-attention op";
+      ref.attend(l, q.data(), 1, scale, a.data());
+      EXPECT_LT(rel_l2(b, a), 1e-5);
+    }
+  }
+}
 
 }  // namespace
 }  // namespace kvtier
