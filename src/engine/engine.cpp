@@ -20,6 +20,7 @@
 #include "kv/kv_plan.h"
 #include "model/model.h"
 #include "model/model_cuda.h"
+#include "ops/matmul/matmul.h"
 
 namespace kvtier {
 
@@ -297,7 +298,10 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& options) {
   KVT_CHECK(options.prefill_chunk > 0, "prefill chunk must be positive, got {}", options.prefill_chunk);
   KVT_CHECK(options.device == "cpu" || options.device == "cuda", "device \"{}\": expected \"cpu\" or \"cuda\"",
             options.device);
-  if (options.n_threads > 0) set_default_threads(options.n_threads);
+  if (options.n_threads > 0) {
+    set_default_threads(options.n_threads);
+    set_blas_threads(options.n_threads);  // prefill's GEMMs honour -t as well
+  }
   std::unique_ptr<Engine> e(new Engine());
   e->impl_ = std::make_unique<Impl>();
   Impl& impl = *e->impl_;

@@ -271,7 +271,9 @@ void AnalysisKv::attend(int layer, const void* q, int64_t q_stride, int n_tok, f
   const int64_t qs = int64_t(g_.n_head) * g_.head_dim;
   const int64_t n = dense_->n_tokens(layer);
   const float* qf = static_cast<const float*>(q);
-  const float* keys = static_cast<const float*>(static_cast<DenseKv&>(*dense_).keys(layer));
+  const auto& dense = static_cast<const DenseKv&>(*dense_);
+  KVT_CHECK(dense.element() == KvElt::f32, "kv analysis: the reference cache must hold f32 rows");
+  const float* keys = static_cast<const float*>(dense.keys(layer));
   std::vector<float> out_p(static_cast<size_t>(qs));
   Selection orc;
   accumulate_attention(g_, qf, scale, keys, n, k_top_mass_fraction, attention_.data() + size_t(layer) * g_.n_head);

@@ -18,6 +18,7 @@
 #include "kv/tiered_kv.h"
 #include "kv/tiered_store.h"
 #include "ops/index_score/index_rows.h"
+#include "ops/quant/quant_scalar.h"
 
 namespace kvtier {
 namespace {
@@ -212,6 +213,65 @@ TEST(DenseKvCpu, DecodeRunsTheDecodeAttentionOp) {
       EXPECT_GT(cpu_decode_op_calls(), before) << "the CPU decode step bypassed the decode-attention op";
       ref.attend(l, q.data(), 1, scale, a.data());
       EXPECT_LT(rel_l2(b, a), 1e-5);
+    }
+  }
+}
+
+// kv=bf16 and kv=fp8 on the CPU: f32 rows through prefill, bf16 rows from
+// the start of decode, the same attention as an f32 cache given the values
+// the format rounds to (decode steps and a continuation of several tokens).
+TEST(DenseKvCpu, NarrowsToBf16AtDecodeWithTheSameOutputs) {
+  const int L = 2, D = 64, H = 2, QH = 6, W = H * D;
+  const KvGeometry g = geometry(L, QH, H, D);
+  const float scale = 1.f / std::sqrt(float(D));
+  Device cpu(DeviceKind::cpu);
+  for (const char* kv_fmt : {"bf16", "fp8"}) {
+    SCOPED_TRACE(kv_fmt);
+    const bool fp8 = std::string(kv_fmt) == "fp8";
+    std::mt19937 rng(11);
+    // Values the format holds exactly, so the f32 cache sees what the format keeps.
+    auto values = [&](size_t n) {
+      std::vector<float> x = bf16_values(rng, n, 1.f);
+      if (fp8)
+        for (float& e : x) e = e4m3_to_f32(f32_to_e4m3(e));
+      return x;
+    };
+    DenseKv kv(plan_kv(parse_policy(std::string("full,kv=") + kv_fmt), g, DeviceKind::cpu), cpu);
+    DenseKv ref(plan_kv(parse_policy("full,kv=f32"), g, DeviceKind::cpu), cpu);
+    auto append_both = [&](int l, int n) {
+      const auto k = values(size_t(n) * W), v = values(size_t(n) * W);
+      kv.append(l, k.data(), k.data(), v.data(), W, n);
+      ref.append(l, k.data(), k.data(), v.data(), W, n);
+    };
+    auto attend_both = [&](int l, int n) {
+      const auto q = bf16_values(rng, size_t(n) * QH * D, 1.f);
+      std::vector<float> a(q.size()), b(q.size());
+      kv.attend(l, q.data(), QH * D, n, scale, a.data());
+      ref.attend(l, q.data(), QH * D, n, scale, b.data());
+      EXPECT_LT(rel_l2(a, b), 1e-5) << "layer " << l << ", " << n << " queries";
+    };
+    for (int l = 0; l < L; ++l) append_both(l, 300);
+    EXPECT_EQ(kv.element(), KvElt::f32);
+    kv.start_decode();
+    ref.start_decode();
+    EXPECT_EQ(kv.element(), KvElt::bf16);
+    EXPECT_EQ(ref.element(), KvElt::f32);
+    for (int step = 0; step < 3; ++step) {
+      kv.begin_step(1);
+      ref.begin_step(1);
+      for (int l = 0; l < L; ++l) {
+        append_both(l, 1);
+        attend_both(l, 1);
+      }
+    }
+    for (int l = 0; l < L; ++l) {  // a continuation: 5 tokens at once, causal among themselves
+      append_both(l, 5);
+      attend_both(l, 5);
+    }
+    // Past the capacity: rows grow as bf16.
+    for (int l = 0; l < L; ++l) {
+      append_both(l, 400);
+      attend_both(l, 1);
     }
   }
 }

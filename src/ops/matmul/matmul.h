@@ -27,6 +27,12 @@ struct WeightView {
   }
 };
 
+// Threads of the sgemm calls (OpenBLAS's own pool; prefill's GEMMs and the
+// CPU prefill attention); n <= 0 leaves OpenBLAS's default. blas_threads()
+// reads the setting back.
+void set_blas_threads(int n_threads);
+int blas_threads();
+
 // Types matmul runs natively; others must be converted at load (see model).
 bool matmul_supports(GgmlType type);
 

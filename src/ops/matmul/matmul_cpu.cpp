@@ -14,6 +14,12 @@
 #include "ops/matmul/matmul_kernels.h"
 
 namespace kvtier {
+
+void set_blas_threads(int n_threads) {
+  if (n_threads > 0) openblas_set_num_threads(n_threads);
+}
+int blas_threads() { return openblas_get_num_threads(); }
+
 namespace {
 
 // Below this many tokens the quantized dot products beat dequantize + sgemm.

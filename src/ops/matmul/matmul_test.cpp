@@ -101,6 +101,17 @@ TEST(Matmul, GroupEqualsSeparateCalls) {
   }
 }
 
+// -t reaches the prefill GEMMs: the engine passes its thread count here.
+TEST(Matmul, BlasThreadsFollowTheSetting) {
+  const int before = blas_threads();
+  set_blas_threads(1);
+  EXPECT_EQ(blas_threads(), 1);
+  set_blas_threads(0);  // no setting: unchanged
+  EXPECT_EQ(blas_threads(), 1);
+  set_blas_threads(before);
+  EXPECT_EQ(blas_threads(), before);
+}
+
 TEST(Matmul, RejectsUnsupportedType) {
   std::vector<uint8_t> w(210);
   WeightView v{GgmlType::Q6_K, w.data(), 1, 256, 210};
