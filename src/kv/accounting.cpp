@@ -26,8 +26,8 @@ KvFootprint plan_footprint(const KvPlan& k, int64_t n_ctx) {
   if (k.index == IndexLayout::residual) index += double(k.meta_rec_bytes) * H / k.unit;
   if (k.rank > 0) index += 2.0 * k.rank;  // U·S rows, bf16
   f.gpu_bytes_per_token = index * L;
-  // cache=all on the GPU: every token's decoded K|V in its slot, and a bit.
-  if (k.device == DeviceKind::cuda && k.policy.cache == CacheMode::all)
+  // cache=all: every token's decoded K|V in its slot, and a bit.
+  if (k.policy.cache == CacheMode::all)
     f.gpu_bytes_per_token += (double(k.slot_bytes) + 1.0 / 8) * H * L;
   f.host_bytes_per_token = double(k.host_tok_bytes) * L;
   const int64_t res_elt = k.resident_elt == KvElt::f32 ? 4 : 2;

@@ -163,12 +163,12 @@ TEST(Accounting, Llama31_8BMatchesSpecArithmetic) {
   EXPECT_EQ(kv_footprint(parse_policy("yakv,kv=fp8"), g, ctx).host_bytes_per_token, 65536);
   // Local window: 64 tokens of bf16 K and V resident.
   EXPECT_EQ(y.gpu_fixed_bytes, int64_t(64) * 4096 * 32);
-  // cache=all on the GPU: every token's bf16 K|V slot (512 B) and a bit, per
-  // KV head and layer, on top of the index; the CPU plan holds no slots.
+  // cache=all: every token's decoded K|V slot and a bit, per KV head and
+  // layer, on top of the index: bf16 on the GPU (512 B), f32 on the CPU (1 KiB).
   const KvFootprint ya = plan_footprint(plan_kv(parse_policy("yakv,cache=all"), g, DeviceKind::cuda), ctx);
   const KvFootprint yg = plan_footprint(plan_kv(parse_policy("yakv"), g, DeviceKind::cuda), ctx);
   EXPECT_EQ(ya.gpu_bytes_per_token - yg.gpu_bytes_per_token, (512 + 1.0 / 8) * 8 * 32);
-  EXPECT_EQ(kv_footprint(parse_policy("yakv,cache=all"), g, ctx).gpu_bytes_per_token, 8704);
+  EXPECT_EQ(kv_footprint(parse_policy("yakv,cache=all"), g, ctx).gpu_bytes_per_token, 8704 + (1024 + 1.0 / 8) * 8 * 32);
 
   // bf16 chunk-8 landmarks: 128·2/8 = 32 B per head per token — SPEC: the same
   // order of GPU memory as 2-bit per-token landmarks (8192 vs 8704).

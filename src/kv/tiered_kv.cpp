@@ -229,8 +229,7 @@ void TieredSeq::grow(int64_t need) {
       }
       if (cache_all_) {  // the held tokens keep their slots and bits
         const int64_t words = (cap + 31) / 32;
-        if (dev_.kind() == DeviceKind::cuda)
-          regrow_rows(L.slots, slot_row_tokens() * plan_.slot_bytes, cap * plan_.slot_bytes, H);
+        regrow_rows(L.slots, slot_row_tokens() * plan_.slot_bytes, cap * plan_.slot_bytes, H);
         Buffer held = dev_.alloc(size_t(H * words * 4));
         fill(x_, held.data(), 0, held.bytes());
         for (int64_t r = 0; r < H; ++r)

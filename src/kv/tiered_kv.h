@@ -67,11 +67,8 @@ class TieredSeq {
   int64_t budget_tokens() const { return budget_; }
   int kmax_tokens() const { return kmax_tok_; }
   bool cache_all() const { return cache_all_; }        // policy cache=all (or auto that chose it)
-  // Slots per row: kmax, or the capacity (cache=all on the GPU; the CPU
-  // decodes into kmax scratch slots and keeps only the bitmap).
-  int64_t slot_row_tokens() const {
-    return cache_all_ && dev_.kind() == DeviceKind::cuda ? cap_ : kmax_tok_;
-  }
+  // Slots per row: kmax, or the capacity (cache=all: token t in slot t).
+  int64_t slot_row_tokens() const { return cache_all_ ? cap_ : kmax_tok_; }
   // prev_sel words per row: the last selection, or (cache=all) the bitmap of the tokens held.
   int64_t sel_state_words() const { return cache_all_ ? (cap_ + 31) / 32 : kmax_tok_; }
   bool needs_fill() const { return needs_fill_; }          // cache=all: the prompt is not in the slots yet

@@ -49,6 +49,53 @@ int64_t count_hits(const int32_t* now, const int32_t* prev, int k) {
 
 }  // namespace
 
+namespace {
+
+// Token t of row (s, h) decoded into `slot`: K then V, f32 [D] each.
+void decode_token(const FetchParams& p, const FetchRows& r, int s, int h, int32_t t, uint8_t* slot,
+                  std::vector<float>& kbuf, std::vector<float>& vbuf) {
+  const int D = p.head_dim;
+  const int64_t W = int64_t(p.n_kv_head) * D;
+  const QuantSpec ks = with_scale(p.fmt.spec, p.seq_scales ? p.seq_scales[2 * s] : p.k_scale);
+  const QuantSpec vs = with_scale(p.fmt.spec, p.seq_scales ? p.seq_scales[2 * s + 1] : p.v_scale);
+  float* ko = reinterpret_cast<float*>(slot);
+  float* vo = ko + D;
+  const uint8_t* tok = r.host[s] + int64_t(t) * p.tok_bytes;
+  if (p.values_only) {
+    dequantize(vs, tok + int64_t(h) * p.entry_bytes, 1, D, vo);
+    if (r.key_first[s] >= 0 && t >= r.key_first[s]) {
+      dequantize(ks, r.kplane[s] + (t - r.key_first[s]) * p.tok_bytes + int64_t(h) * p.entry_bytes, 1, D, ko);
+    } else {  // K = RoPE(A[t] · B[:, head h]), the SVD's rebuild
+      const uint16_t* a = r.svd_a[s] + int64_t(t) * p.rank;
+      const uint16_t* b = r.svd_b[s];
+      std::fill(ko, ko + D, 0.0f);
+      for (int q = 0; q < p.rank; ++q) {
+        const float c = bf16_to_f32(a[q]);
+        const uint16_t* bq = b + int64_t(q) * W + int64_t(h) * D;
+        for (int d = 0; d < D; ++d) ko[d] += c * bf16_to_f32(bq[d]);
+      }
+      rope_one(ko, D, t, p.inv_freq, p.interleaved);
+    }
+    return;
+  }
+  if (p.layer_wide) {
+    const int dim = p.fmt.dim;
+    kbuf.resize(size_t(dim));
+    vbuf.resize(size_t(dim));
+    dequantize(ks, tok, 1, dim, kbuf.data());
+    dequantize(vs, tok + p.fmt.bytes, 1, dim, vbuf.data());
+    std::copy_n(kbuf.data() + int64_t(h) * D, D, ko);
+    std::copy_n(vbuf.data() + int64_t(h) * D, D, vo);
+  } else {
+    const uint8_t* e = tok + int64_t(h) * p.entry_bytes;
+    dequantize(ks, e, 1, D, ko);
+    dequantize(vs, e + p.fmt.bytes, 1, D, vo);
+  }
+  if (p.keys_prerope) rope_one(ko, D, t, p.inv_freq, p.interleaved);
+}
+
+}  // namespace
+
 void fetch_rows_cpu(const FetchParams& p, const int32_t* sel, const FetchRows& r, const uint8_t** view_rows,
                     FetchView* view) {
   const int H = p.n_kv_head, D = p.head_dim, K = p.kmax;
@@ -56,16 +103,17 @@ void fetch_rows_cpu(const FetchParams& p, const int32_t* sel, const FetchRows& r
   KVT_CHECK(!p.raw || (!p.layer_wide && !p.values_only && !p.keys_prerope),
             "fetch: raw entries must be per-head records with post-RoPE keys");
   KVT_CHECK(p.raw || p.elt == KvElt::f32, "fetch (CPU): decoded entries are f32");
+  auto all = [&](int s) { return r.cache_all && r.cache_all[s]; };
   for (int64_t row = 0; row < n_rows; ++row) {
     const int s = int(row / H);
     const int ks = r.kslots[s];
     KVT_CHECK(ks <= K, "fetch: {} slots per row exceed the selection width {}", ks, K);
     const int32_t* now = sel + row * K + (K - ks);
-    int64_t n_sel = 0;
     for (int j = 0; j < K - ks; ++j) KVT_CHECK(sel[row * K + j] < 0, "fetch: row {} selects more than {}", row, ks);
+    if (all(s) && !p.raw) continue;  // counted where the misses are decoded
+    int64_t n_sel = 0, misses = 0;
     for (int j = 0; j < ks; ++j) n_sel += now[j] >= 0;
-    int64_t misses = 0;
-    if (r.cache_all && r.cache_all[s]) {  // a bitmap of the tokens held; a miss is read once
+    if (all(s)) {  // a bitmap of the tokens held; a miss is read once
       auto* held = reinterpret_cast<uint32_t*>(r.prev_sel[row]);
       for (int j = 0; j < ks; ++j) {
         const int32_t t = now[j];
@@ -92,54 +140,43 @@ void fetch_rows_cpu(const FetchParams& p, const int32_t* sel, const FetchRows& r
     view->idx = sel;
     return;
   }
-  const int dim = p.fmt.dim;
-  const int64_t W = int64_t(H) * D;
+  // Per row: (selected, decoded). cache=all decodes only the tokens its
+  // slots do not hold yet (slot = token); otherwise every selected token
+  // goes to slot j of the step's scratch slots.
+  std::vector<int64_t> read(size_t(2 * n_rows), 0);
   default_pool().parallel_for(n_rows, 1, [&](int64_t r0, int64_t r1, int) {
-    std::vector<float> kbuf(static_cast<size_t>(dim)), vbuf(static_cast<size_t>(dim));
+    std::vector<float> kbuf, vbuf;
     for (int64_t row = r0; row < r1; ++row) {
       const int s = int(row / H), h = int(row % H);
-      const QuantSpec ks = with_scale(p.fmt.spec, p.seq_scales ? p.seq_scales[2 * s] : p.k_scale);
-      const QuantSpec vs = with_scale(p.fmt.spec, p.seq_scales ? p.seq_scales[2 * s + 1] : p.v_scale);
       uint8_t* out = r.slots[row];
       const int off = K - r.kslots[s];
+      auto* held = all(s) ? reinterpret_cast<uint32_t*>(r.prev_sel[row]) : nullptr;
       for (int j = 0; j < K; ++j) {
         const int32_t t = sel[row * K + j];
-        r.slot_of[row * K + j] = t < 0 ? -1 : j - off;
-        if (t < 0) continue;
-        float* ko = reinterpret_cast<float*>(out + int64_t(j - off) * p.slot_bytes);
-        float* vo = ko + D;
-        const uint8_t* tok = r.host[s] + int64_t(t) * p.tok_bytes;
-        if (p.values_only) {
-          dequantize(vs, tok + int64_t(h) * p.entry_bytes, 1, D, vo);
-          if (r.key_first[s] >= 0 && t >= r.key_first[s]) {
-            dequantize(ks, r.kplane[s] + (t - r.key_first[s]) * p.tok_bytes + int64_t(h) * p.entry_bytes, 1, D, ko);
-          } else {  // K = RoPE(A[t] · B[:, head h]), the SVD's rebuild
-            const uint16_t* a = r.svd_a[s] + int64_t(t) * p.rank;
-            const uint16_t* b = r.svd_b[s];
-            std::fill(ko, ko + D, 0.0f);
-            for (int q = 0; q < p.rank; ++q) {
-              const float c = bf16_to_f32(a[q]);
-              const uint16_t* bq = b + int64_t(q) * W + int64_t(h) * D;
-              for (int d = 0; d < D; ++d) ko[d] += c * bf16_to_f32(bq[d]);
-            }
-            rope_one(ko, D, t, p.inv_freq, p.interleaved);
-          }
+        if (t < 0) {
+          r.slot_of[row * K + j] = -1;
           continue;
         }
-        if (p.layer_wide) {
-          dequantize(ks, tok, 1, dim, kbuf.data());
-          dequantize(vs, tok + p.fmt.bytes, 1, dim, vbuf.data());
-          std::copy_n(kbuf.data() + int64_t(h) * D, D, ko);
-          std::copy_n(vbuf.data() + int64_t(h) * D, D, vo);
+        ++read[size_t(2 * row)];
+        if (held) {
+          r.slot_of[row * K + j] = t;
+          const uint32_t bit = 1u << (t & 31);
+          if (held[t >> 5] & bit) continue;
+          held[t >> 5] |= bit;
+          ++read[size_t(2 * row + 1)];
+          decode_token(p, r, s, h, t, out + int64_t(t) * p.slot_bytes, kbuf, vbuf);
         } else {
-          const uint8_t* e = tok + int64_t(h) * p.entry_bytes;
-          dequantize(ks, e, 1, D, ko);
-          dequantize(vs, e + p.fmt.bytes, 1, D, vo);
+          r.slot_of[row * K + j] = j - off;
+          decode_token(p, r, s, h, t, out + int64_t(j - off) * p.slot_bytes, kbuf, vbuf);
         }
-        if (p.keys_prerope) rope_one(ko, D, t, p.inv_freq, p.interleaved);
       }
     }
   });
+  for (int64_t row = 0; row < n_rows && r.counters; ++row)
+    if (all(int(row / H))) {
+      r.counters[row / H][0] += uint64_t(read[size_t(2 * row)]);
+      r.counters[row / H][1] += uint64_t(read[size_t(2 * row + 1)]);
+    }
   for (int64_t row = 0; row < n_rows; ++row) view_rows[row] = r.slots[row];
   view->rows = view_rows;
   view->tok_stride = p.slot_bytes;
@@ -148,12 +185,28 @@ void fetch_rows_cpu(const FetchParams& p, const int32_t* sel, const FetchRows& r
   view->idx = r.slot_of;
 }
 
+// cache=all at the start of decode: the prompt's tokens decoded into their
+// slots, in order, and marked held.
 void fetch_fill_cpu(const FetchParams& p, const FetchRows& r, const int64_t* fill_n) {
   const int H = p.n_kv_head;
-  for (int64_t row = 0; row < int64_t(p.n_seq) * H; ++row) {
-    const int s = int(row / H);
+  const int64_t n_rows = int64_t(p.n_seq) * H;
+  if (p.raw) {  // raw entries are read in place: nothing to hold
+    for (int64_t row = 0; row < n_rows; ++row) {
+      const int s = int(row / H);
+      if (!r.cache_all || !r.cache_all[s]) continue;
+      auto* held = reinterpret_cast<uint32_t*>(r.prev_sel[row]);
+      for (int64_t t = 0; t < fill_n[s]; ++t) held[t >> 5] |= 1u << (t & 31);
+    }
+    return;
+  }
+  for (int64_t row = 0; row < n_rows; ++row) {
+    const int s = int(row / H), h = int(row % H);
     if (!r.cache_all || !r.cache_all[s]) continue;
     auto* held = reinterpret_cast<uint32_t*>(r.prev_sel[row]);
+    default_pool().parallel_for(fill_n[s], 256, [&](int64_t t0, int64_t t1, int) {
+      std::vector<float> kbuf, vbuf;
+      for (int64_t t = t0; t < t1; ++t) decode_token(p, r, s, h, int32_t(t), r.slots[row] + t * p.slot_bytes, kbuf, vbuf);
+    });
     for (int64_t t = 0; t < fill_n[s]; ++t) held[t >> 5] |= 1u << (t & 31);
   }
 }

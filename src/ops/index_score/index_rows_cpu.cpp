@@ -2,6 +2,7 @@
 // index_rows.h (and the CPU backend's implementation). Scores come from the
 // CPU quantizer's score() over the records in place.
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "core/half.h"
 #include "core/status.h"
 #include "core/threads.h"
+#include "ops/decode_attn/decode_attn_kernels.h"
 #include "ops/index_score/index_rows.h"
 #include "ops/quant/hadamard.h"
 #include "ops/topk/topk.h"
@@ -68,30 +70,44 @@ void score_rows_cpu(const ScoreRowsParams& p, const float* q, const uint8_t* con
   KVT_CHECK(p.layout != IndexRecLayout::planar_higgs2, "score_rows: the planar index is the GPU's layout");
   const int H = p.n_kv_head, D = p.head_dim;
   const int64_t n_rows = int64_t(p.n_seq) * H;
-  default_pool().parallel_for(n_rows, 1, [&](int64_t r0, int64_t r1, int) {
-    std::vector<float> meta;  // [n_q, n_meta]
-    for (int64_t r = r0; r < r1; ++r) {
+  // Jobs of (row, block of chunks): a few rows (3 KV heads) would leave
+  // threads idle, so long rows split into blocks of at least kMinBlock chunks.
+  constexpr int64_t kMinBlock = 1024;
+  ThreadPool& pool = default_pool();
+  int64_t n_max = 0;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const StepRanges& sr = ranges[r / H];
+    n_max = std::max(n_max, p.candidates_only ? sr.c_hi - sr.c_lo : sr.n_chunk);
+  }
+  const int64_t want = (2 * int64_t(pool.n_threads()) + n_rows - 1) / std::max<int64_t>(n_rows, 1);
+  const int64_t n_block = std::max<int64_t>(1, std::min(want, n_max / kMinBlock));
+  pool.parallel_for(n_rows * n_block, 1, [&](int64_t j0, int64_t j1, int) {
+    std::vector<float> meta, tmp;  // [n_q, n_meta], [n_q, block]
+    for (int64_t job = j0; job < j1; ++job) {
+      const int64_t r = job / n_block, b = job % n_block;
       const StepRanges& sr = ranges[r / H];
       QuantSpec fmt = p.fmt.spec;
       if (p.seq_scales) fmt.tensor_scale = p.seq_scales[r / H];
-      const int64_t c0 = p.candidates_only ? sr.c_lo : 0;
-      const int64_t n = p.candidates_only ? sr.c_hi - sr.c_lo : sr.n_chunk;
-      KVT_CHECK(n <= p.out_stride, "score_rows: {} chunks exceed the row stride {}", n, p.out_stride);
-      float* out = scores + r * p.n_q * p.out_stride;
+      const int64_t c_row = p.candidates_only ? sr.c_lo : 0;
+      const int64_t n_row = p.candidates_only ? sr.c_hi - sr.c_lo : sr.n_chunk;
+      KVT_CHECK(n_row <= p.out_stride, "score_rows: {} chunks exceed the row stride {}", n_row, p.out_stride);
+      // This job's chunks: [c_row + i0, c_row + i1), written at out + i0.
+      const int64_t per = (n_row + n_block - 1) / n_block;
+      const int64_t i0 = std::min(n_row, b * per), i1 = std::min(n_row, i0 + per), n = i1 - i0;
       if (n <= 0) continue;
+      const int64_t c0 = c_row + i0;
+      float* out = scores + r * p.n_q * p.out_stride + i0;
       ScoreParams sp;
       sp.q = q + r * p.n_q * D;
       sp.n_q = p.n_q;
       sp.dim = D;
+      sp.codes = plane0[r] + c0 * p.fmt.bytes;
+      sp.n_vec = n;
       if (p.n_q == 1) {
-        sp.codes = plane0[r] + c0 * p.fmt.bytes;
-        sp.n_vec = n;
         sp.scores = out;
         score(fmt, sp);
       } else {  // [n_q, n] scores land out_stride apart
-        std::vector<float> tmp(size_t(p.n_q) * n);
-        sp.codes = plane0[r] + c0 * p.fmt.bytes;
-        sp.n_vec = n;
+        tmp.resize(size_t(p.n_q) * n);
         sp.scores = tmp.data();
         score(fmt, sp);
         for (int j = 0; j < p.n_q; ++j) std::copy_n(tmp.data() + j * n, n, out + j * p.out_stride);
@@ -113,26 +129,36 @@ void score_rows_cpu(const ScoreRowsParams& p, const float* q, const uint8_t* con
 }
 
 void gqa_rows_cpu(const GqaRowsParams& p, const float* raw, const StepRanges* ranges, float* out) {
+  // f32 with the vector e^x (as the CUDA kernels), rows over the threads.
   const int64_t n_rows = int64_t(p.n_seq) * p.n_kv_head;
-  for (int64_t r = 0; r < n_rows; ++r) {
-    const StepRanges& sr = ranges[r / p.n_kv_head];
-    std::vector<double> lse(size_t(p.n_q));
-    for (int j = 0; j < p.n_q; ++j) {
-      const float* x = raw + (r * p.n_q + j) * p.in_stride;
-      double m = -INFINITY;
-      for (int64_t i = 0; i < sr.n_chunk; ++i) m = std::max(m, double(x[i]));
-      double sum = 0;
-      for (int64_t i = 0; i < sr.n_chunk; ++i) sum += std::exp(double(x[i]) - m);
-      lse[size_t(j)] = m + std::log(sum);
+  default_pool().parallel_for(n_rows, 1, [&](int64_t r0, int64_t r1, int) {
+    constexpr int64_t kBlock = 512;
+    float e[kBlock];
+    std::vector<float> lse(size_t(p.n_q));
+    for (int64_t r = r0; r < r1; ++r) {
+      const StepRanges& sr = ranges[r / p.n_kv_head];
+      for (int j = 0; j < p.n_q; ++j) {
+        const float* x = raw + (r * p.n_q + j) * p.in_stride;
+        float m = -INFINITY;
+        for (int64_t i = 0; i < sr.n_chunk; ++i) m = std::max(m, x[i]);
+        float sum = 0.f;
+        for (int64_t i0 = 0; m > -INFINITY && i0 < sr.n_chunk; i0 += kBlock) {
+          const int64_t n = std::min(kBlock, sr.n_chunk - i0);
+          for (int64_t i = 0; i < n; ++i) e[i] = x[i0 + i] - m;
+          attn_kernels::exp_avx2(e, n, e);
+          for (int64_t i = 0; i < n; ++i) sum += e[i];
+        }
+        lse[size_t(j)] = m + std::log(sum);
+      }
+      float* o = out + r * p.out_stride;
+      for (int64_t i = 0; i < sr.c_hi - sr.c_lo; ++i) {
+        float best = -INFINITY;
+        for (int j = 0; j < p.n_q; ++j)
+          best = std::max(best, raw[(r * p.n_q + j) * p.in_stride + sr.c_lo + i] - lse[size_t(j)]);
+        o[i] = best;
+      }
     }
-    float* o = out + r * p.out_stride;
-    for (int64_t i = 0; i < sr.c_hi - sr.c_lo; ++i) {
-      double best = -INFINITY;
-      for (int j = 0; j < p.n_q; ++j)
-        best = std::max(best, double(raw[(r * p.n_q + j) * p.in_stride + sr.c_lo + i]) - lse[size_t(j)]);
-      o[i] = float(best);
-    }
-  }
+  });
 }
 
 int64_t gqa_rows_scratch_bytes(int64_t n_rows, int n_q) { return n_rows * n_q * 32 * 8 + 16; }
@@ -150,24 +176,26 @@ void mask_rows_cpu(int64_t n_rows, int n_kv_head, int64_t stride, int n_forced, 
 
 void topk_rows_cpu(int64_t n_rows, int n_kv_head, int64_t stride, int kmax, const float* scores,
                    const StepRanges* ranges, int32_t* out) {
-  std::vector<int64_t> order;
-  for (int64_t r = 0; r < n_rows; ++r) {
-    const StepRanges& sr = ranges[r / n_kv_head];
-    const int64_t n = sr.c_hi - sr.c_lo;
-    const int64_t k = std::min<int64_t>(std::min<int64_t>(sr.k, kmax), n);
-    const float* s = scores + r * stride;
-    int32_t* o = out + r * kmax;
-    order.resize(size_t(n));
-    for (int64_t i = 0; i < n; ++i) order[size_t(i)] = i;
-    auto better = [s](int64_t a, int64_t b) {
-      const uint32_t ka = topk_order_key(s[a]), kb = topk_order_key(s[b]);
-      return ka > kb || (ka == kb && a < b);
-    };
-    if (k < n) std::nth_element(order.begin(), order.begin() + k, order.end(), better);
-    std::sort(order.begin(), order.begin() + k);
-    for (int64_t i = 0; i < kmax - k; ++i) o[i] = -1;
-    for (int64_t i = 0; i < k; ++i) o[kmax - k + i] = int32_t(sr.c_lo + order[size_t(i)]);
-  }
+  // Each candidate as one integer, (order key, ~index): the largest k are
+  // the top k, ties to the lower index, without a comparator's indirection.
+  default_pool().parallel_for(n_rows, 1, [&](int64_t r0, int64_t r1, int) {
+    std::vector<uint64_t> keyed;
+    for (int64_t r = r0; r < r1; ++r) {
+      const StepRanges& sr = ranges[r / n_kv_head];
+      const int64_t n = sr.c_hi - sr.c_lo;
+      const int64_t k = std::max<int64_t>(0, std::min<int64_t>(std::min<int64_t>(sr.k, kmax), n));
+      const float* s = scores + r * stride;
+      int32_t* o = out + r * kmax;
+      keyed.resize(size_t(std::max<int64_t>(n, 0)));
+      for (int64_t i = 0; i < n; ++i)
+        keyed[size_t(i)] = uint64_t(topk_order_key(s[i])) << 32 | uint32_t(0xffffffffu - uint32_t(i));
+      if (k < n) std::nth_element(keyed.begin(), keyed.begin() + k, keyed.end(), std::greater<uint64_t>());
+      for (int64_t i = 0; i < kmax - k; ++i) o[i] = -1;
+      int32_t* sel = o + (kmax - k);
+      for (int64_t i = 0; i < k; ++i) sel[i] = int32_t(sr.c_lo + (0xffffffffu - uint32_t(keyed[size_t(i)])));
+      std::sort(sel, sel + k);
+    }
+  });
 }
 
 void expand_rows_cpu(const ExpandRowsParams& p, const int32_t* chunks, const int32_t* forced,

@@ -59,10 +59,29 @@ int nearest_point_fast(const HiggsGrid& grid, const float* u) {
   return best;
 }
 
-std::vector<float> sign_vector(const QuantSpec& s, int G) {  // [G] f32
-  std::vector<float> signs(size_t(G), 1.0f);
-  if (s.random_signs) hadamard_signs(s.sign_seed, G, signs.data());
-  return signs;
+// The group's signs [G] f32 (all 1 without random signs). The fetch path
+// decodes one record per call, so the last vector built is kept per thread.
+const std::vector<float>& sign_vector(const QuantSpec& s, int G) {
+  thread_local struct {
+    bool random = false;
+    uint64_t seed = 0;
+    std::vector<float> signs;
+  } last;
+  if (last.signs.size() != size_t(G) || last.random != s.random_signs ||
+      (s.random_signs && last.seed != uint64_t(s.sign_seed))) {
+    last.signs.assign(size_t(G), 1.0f);
+    if (s.random_signs) hadamard_signs(s.sign_seed, G, last.signs.data());
+    last.random = s.random_signs;
+    last.seed = uint64_t(s.sign_seed);
+  }
+  return last.signs;
+}
+
+// higgs_grid's table (a lookup under a lock), remembered per thread.
+const HiggsGrid& grid_of(const QuantSpec& s) {
+  thread_local const HiggsGrid* last = nullptr;
+  if (!last || last->dim != s.grid_dim || last->size != s.grid_size) last = &higgs_grid(s.grid_dim, s.grid_size);
+  return *last;
 }
 
 // All codes of one group, LSB-first stream of `bits`-bit fields. out: [n_code].
@@ -104,9 +123,9 @@ float dot_f32(const float* a, const float* b, int n) {
 void higgs_quantize_cpu(const QuantSpec& s, const float* x, int64_t n_vec, int dim, uint8_t* out) {
   size_t bpv = bytes_per_vector(s, dim);
   Grouped l = grouped_layout(s, dim);
-  const HiggsGrid& grid = higgs_grid(s.grid_dim, s.grid_size);
+  const HiggsGrid& grid = grid_of(s);
   const int d = s.grid_dim, G = l.group;
-  std::vector<float> signs = sign_vector(s, G);
+  const std::vector<float>& signs = sign_vector(s, G);
   std::vector<float> u(static_cast<size_t>(G));  // [G] f32
   for (int64_t v = 0; v < n_vec; ++v) {
     uint8_t* rec = out + size_t(v) * bpv;
@@ -139,9 +158,9 @@ void higgs_quantize_cpu(const QuantSpec& s, const float* x, int64_t n_vec, int d
 void higgs_dequantize_cpu(const QuantSpec& s, const uint8_t* in, int64_t n_vec, int dim, float* out) {
   size_t bpv = bytes_per_vector(s, dim);
   Grouped l = grouped_layout(s, dim);
-  const HiggsGrid& grid = higgs_grid(s.grid_dim, s.grid_size);
+  const HiggsGrid& grid = grid_of(s);
   const int d = s.grid_dim, G = l.group;
-  std::vector<float> signs = sign_vector(s, G);
+  const std::vector<float>& signs = sign_vector(s, G);
   std::vector<uint16_t> code(static_cast<size_t>(l.n_code));
   for (int64_t v = 0; v < n_vec; ++v) {
     const uint8_t* rec = in + size_t(v) * bpv;
@@ -166,10 +185,10 @@ void higgs_score_cpu(const QuantSpec& s, const ScoreParams& p) {
   const int dim = p.dim;
   int64_t stride = p.code_stride ? p.code_stride : int64_t(bytes_per_vector(s, dim));
   Grouped l = grouped_layout(s, dim);
-  const HiggsGrid& grid = higgs_grid(s.grid_dim, s.grid_size);
+  const HiggsGrid& grid = grid_of(s);
   const int d = s.grid_dim, G = l.group, n = grid.size;
   const int n_sub = dim / d;  // sub-vectors per record
-  std::vector<float> signs = sign_vector(s, G);
+  const std::vector<float>& signs = sign_vector(s, G);
 
   // q' = H(s ⊙ q) per group, for every query: [n_q, dim] f32
   std::vector<float> qr(size_t(p.n_q) * dim);
@@ -199,6 +218,62 @@ void higgs_score_cpu(const QuantSpec& s, const ScoreParams& p) {
           for (int c = 0; c < n; ++c) row[c] += qk * pk[c];
         }
       }
+    if (l.bits == 8 && n == 256 && p.n_q >= 2 && p.n_q <= 4) {
+      // 2–4 queries (a GQA group): the table as [n_sub, 256, 4], so one
+      // 16-byte load per stored code serves every query.
+      std::vector<float> lut4(size_t(n_sub) * 256 * 4, 0.0f);
+      for (int j = 0; j < p.n_q; ++j)
+        for (int sp = 0; sp < n_sub; ++sp)
+          for (int c = 0; c < 256; ++c)
+            lut4[(size_t(sp) * 256 + c) * 4 + j] = lut[(size_t(j) * n_sub + sp) * n + c];
+      for (int64_t i = 0; i < p.n_vec; ++i) {
+        const uint8_t* rec = p.codes + i * stride;
+        __m128 total = _mm_setzero_ps();
+        for (int g = 0; g < l.n_group; ++g) {
+          const float sigma = bf16_to_f32(load_u16(rec + l.meta_offset + 2 * size_t(g)));
+          const uint8_t* cg = rec + size_t(g) * l.code_bytes;
+          const float* lg = lut4.data() + size_t(g) * l.n_code * 256 * 4;
+          __m128 a0 = _mm_setzero_ps(), a1 = _mm_setzero_ps();
+          int sp = 0;
+          for (; sp + 2 <= l.n_code; sp += 2) {
+            a0 = _mm_add_ps(a0, _mm_loadu_ps(lg + (size_t(sp) * 256 + cg[sp]) * 4));
+            a1 = _mm_add_ps(a1, _mm_loadu_ps(lg + (size_t(sp + 1) * 256 + cg[sp + 1]) * 4));
+          }
+          for (; sp < l.n_code; ++sp) a0 = _mm_add_ps(a0, _mm_loadu_ps(lg + (size_t(sp) * 256 + cg[sp]) * 4));
+          total = _mm_add_ps(total, _mm_mul_ps(_mm_set1_ps(sigma), _mm_add_ps(a0, a1)));
+        }
+        alignas(16) float t4[4];
+        _mm_store_ps(t4, total);
+        for (int j = 0; j < p.n_q; ++j) p.scores[int64_t(j) * p.n_vec + i] = t4[j];
+      }
+      return;
+    }
+    if (l.bits == 8 && n == 256) {  // a code per byte (EDEN*-256): index the table with the stored bytes
+      for (int64_t i = 0; i < p.n_vec; ++i) {
+        const uint8_t* rec = p.codes + i * stride;
+        for (int j = 0; j < p.n_q; ++j) {
+          const float* lj = lut.data() + size_t(j) * n_sub * n;
+          float total = 0;
+          for (int g = 0; g < l.n_group; ++g) {
+            const float sigma = bf16_to_f32(load_u16(rec + l.meta_offset + 2 * size_t(g)));
+            const uint8_t* cg = rec + size_t(g) * l.code_bytes;
+            const float* lg = lj + size_t(g) * l.n_code * 256;
+            float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+            int sp = 0;
+            for (; sp + 4 <= l.n_code; sp += 4) {
+              a0 += lg[size_t(sp) * 256 + cg[sp]];
+              a1 += lg[size_t(sp + 1) * 256 + cg[sp + 1]];
+              a2 += lg[size_t(sp + 2) * 256 + cg[sp + 2]];
+              a3 += lg[size_t(sp + 3) * 256 + cg[sp + 3]];
+            }
+            for (; sp < l.n_code; ++sp) a0 += lg[size_t(sp) * 256 + cg[sp]];
+            total += sigma * ((a0 + a1) + (a2 + a3));
+          }
+          p.scores[int64_t(j) * p.n_vec + i] = total;
+        }
+      }
+      return;
+    }
     for (int64_t i = 0; i < p.n_vec; ++i) {
       const uint8_t* rec = p.codes + i * stride;
       for (int g = 0; g < l.n_group; ++g)

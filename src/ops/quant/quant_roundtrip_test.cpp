@@ -181,40 +181,44 @@ TEST(QuantRoundTrip, NonFiniteInputThrows) {
 }
 
 TEST(QuantScore, FastMatchesReference) {
-  const int dim = 128, n_q = 3;
-  std::vector<float> q = test_vectors(n_q, dim, 9);
-  for (int64_t n_vec : {5, 700}) {  // HIGGS: direct path and lookup-table path
-    std::vector<float> x = test_vectors(n_vec, dim, 10 + uint64_t(n_vec));
-    for (const char* text : {"f32", "bf16", "fp8", "fp8s", "nvfp4", "int8", "int4:g32", "int2:g64", "1bit", "int1",
-                             "higgs4:g128", "higgs3:g64", "higgs2:g128", "higgs1:g128:rs", "higgs0.5:g32",
-                             "higgs:EDEN8-4096:g128", "higgs4:g16"}) {
-      QuantSpec spec = parse_quant_spec(text);
-      if (spec.kind == QuantKind::nvfp4) spec.tensor_scale = nvfp4_tensor_scale(x.data(), int64_t(x.size()));
-      size_t bpv = bytes_per_vector(spec, dim);
-      for (int64_t stride : {int64_t(0), int64_t(bpv) + 3}) {
-        int64_t step = stride ? stride : int64_t(bpv);
-        std::vector<uint8_t> codes(size_t(step * n_vec));
-        for (int64_t i = 0; i < n_vec; ++i) quantize(spec, x.data() + i * dim, 1, dim, codes.data() + i * step);
-        std::vector<float> fast(static_cast<size_t>(n_q * n_vec)), ref(fast.size()), k(static_cast<size_t>(dim));
-        ScoreParams p;
-        p.q = q.data(), p.n_q = n_q, p.codes = codes.data(), p.n_vec = n_vec, p.code_stride = stride;
-        p.dim = dim, p.scores = fast.data();
-        score(spec, p);
-        p.scores = ref.data();
-        score_ref(spec, p);
-        for (int64_t i = 0; i < n_vec; ++i) {
-          dequantize_ref(spec, codes.data() + i * step, 1, dim, k.data());
-          for (int j = 0; j < n_q; ++j) {
-            double sum_abs = 0;
-            for (int t = 0; t < dim; ++t) sum_abs += std::fabs(double(q[size_t(j * dim + t)]) * k[size_t(t)]);
-            ASSERT_NEAR(fast[size_t(j * n_vec + i)], ref[size_t(j * n_vec + i)], 1e-5 * sum_abs + 1e-30)
-                << text << " n_vec " << n_vec << " stride " << stride << " vector " << i << " query " << j;
+  const int dim = 128;
+  // A GQA group of queries (HIGGS-256 grids: the 4-wide table), then one.
+  for (int n_q : {3, 1}) {
+    const std::vector<float> q = test_vectors(n_q, dim, 9);
+    for (int64_t n_vec : {5, 700}) {  // HIGGS: direct path and lookup-table path
+      std::vector<float> x = test_vectors(n_vec, dim, 10 + uint64_t(n_vec));
+      for (const char* text : {"f32", "bf16", "fp8", "fp8s", "nvfp4", "int8", "int4:g32", "int2:g64", "1bit", "int1",
+                               "higgs4:g128", "higgs3:g64", "higgs2:g128", "higgs1:g128:rs", "higgs0.5:g32",
+                               "higgs:EDEN8-4096:g128", "higgs4:g16"}) {
+        QuantSpec spec = parse_quant_spec(text);
+        if (spec.kind == QuantKind::nvfp4) spec.tensor_scale = nvfp4_tensor_scale(x.data(), int64_t(x.size()));
+        size_t bpv = bytes_per_vector(spec, dim);
+        for (int64_t stride : {int64_t(0), int64_t(bpv) + 3}) {
+          int64_t step = stride ? stride : int64_t(bpv);
+          std::vector<uint8_t> codes(size_t(step * n_vec));
+          for (int64_t i = 0; i < n_vec; ++i) quantize(spec, x.data() + i * dim, 1, dim, codes.data() + i * step);
+          std::vector<float> fast(static_cast<size_t>(n_q * n_vec)), ref(fast.size()), k(static_cast<size_t>(dim));
+          ScoreParams p;
+          p.q = q.data(), p.n_q = n_q, p.codes = codes.data(), p.n_vec = n_vec, p.code_stride = stride;
+          p.dim = dim, p.scores = fast.data();
+          score(spec, p);
+          p.scores = ref.data();
+          score_ref(spec, p);
+          for (int64_t i = 0; i < n_vec; ++i) {
+            dequantize_ref(spec, codes.data() + i * step, 1, dim, k.data());
+            for (int j = 0; j < n_q; ++j) {
+              double sum_abs = 0;
+              for (int t = 0; t < dim; ++t) sum_abs += std::fabs(double(q[size_t(j * dim + t)]) * k[size_t(t)]);
+              ASSERT_NEAR(fast[size_t(j * n_vec + i)], ref[size_t(j * n_vec + i)], 1e-5 * sum_abs + 1e-30)
+                  << text << " n_vec " << n_vec << " stride " << stride << " vector " << i << " query " << j;
+            }
           }
         }
       }
     }
   }
   // the one-query overload
+  const std::vector<float> q = test_vectors(1, dim, 9);
   QuantSpec spec = parse_quant_spec("higgs2");
   std::vector<float> x = test_vectors(4, dim, 3);
   std::vector<uint8_t> codes(bytes_per_vector(spec, dim) * 4);
