@@ -172,7 +172,7 @@ TEST(CacheChoice, AutoLeavesRoomForTheNextPrefill) {
   EXPECT_TRUE(choose_cache_all(CacheMode::all, true, 20 * G, 30 * G, total));     // once is enough when asked
   EXPECT_FALSE(choose_cache_all(CacheMode::step, true, G, 100 * G, total));
   EXPECT_FALSE(choose_cache_all(CacheMode::auto_, false, G, 0, 0));               // the CPU: step
-  EXPECT_TRUE(choose_cache_all(CacheMode::all, false, G, 0, 0));                  // its bitmap statistic
+  EXPECT_TRUE(choose_cache_all(CacheMode::all, false, G, 0, 0));                  // asked for: decoded slots in RAM
   try {
     choose_cache_all(CacheMode::all, true, 20 * G, 29 * G, total);
     ADD_FAILURE() << "cache=all beyond free memory was accepted";
