@@ -1,16 +1,28 @@
 // EngineOptions::device on a machine (or build) without CUDA: a clear error,
 // never a crash. The GPU path itself is tested by src/model/model_cuda_test.cpp.
+// And the CPU's thread count (-t) reaching the prefill GEMMs.
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include "backend/cuda_device.h"
 #include "kvtier/engine.h"
+#include "ops/matmul/matmul.h"
 
 namespace kvtier {
 namespace {
 
 const std::string kModel = std::string(KVT_SOURCE_DIR) + "/tests/fixtures/hf_tiny_qwen2";
+
+TEST(DeviceOption, ThreadsReachOpenBlas) {
+  set_blas_threads(2);
+  if (blas_threads() != 2) GTEST_SKIP() << "OpenBLAS runs at most " << blas_threads() << " thread(s) here";
+  EngineOptions o;
+  o.model_path = kModel;
+  o.n_threads = 1;
+  auto e = Engine::load(o);
+  EXPECT_EQ(blas_threads(), 1) << "-t 1 left the prefill GEMMs on more threads";
+}
 
 TEST(DeviceOption, UnknownDeviceIsRefused) {
   EngineOptions o;

@@ -144,6 +144,10 @@ TEST_P(TieredKvVsStore, SameAttentionOutputs) {
   EXPECT_EQ(sa.n_selected, st.n_selected) << c.policy;
   EXPECT_LE(sa.n_fetched, int64_t(n_steps) * L * H) << c.policy;
   EXPECT_LE(sa.n_fetched, st.n_fetched) << c.policy;
+  // ... held as decoded K|V in RAM: a slot per token of the capacity, not
+  // the step's kmax scratch slots.
+  const int64_t slots = int64_t(L) * H * all.seq().capacity() * all.plan().slot_bytes;
+  EXPECT_GE(all.memory().gpu_bytes, slots) << c.policy;
 }
 
 INSTANTIATE_TEST_SUITE_P(
