@@ -11,11 +11,12 @@
 // the records (HIGGS, NVFP4, f32, layer-wide records, pre-RoPE keys, and
 // shadowkv's keys from the SVD). Only misses cross PCIe.
 // CPU: no copy when attention can read the host entries in place (the view
-// points at the host tier); else the selected records are decoded into a
-// scratch row. The CPU also tracks what a slot cache would hit, so both
-// devices report the same statistics.
+// points at the host tier); else the row keeps the same slot cache as the
+// GPU (same assignment), holding K|V decoded to f32, and decodes only the
+// misses. Both devices report the same statistics.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "backend/device.h"
 #include "ops/decode_attn/decode_attn.h"
@@ -53,7 +54,7 @@ struct FetchRows {
   const uint16_t* const* svd_a = nullptr;  // [n_seq] values_only: U·S [n_svd, rank] bf16
   const uint16_t* const* svd_b = nullptr;  // [n_seq] values_only: Vᵀ [rank, n_kv_head·head_dim] bf16
   const int32_t* kslots = nullptr;         // [n_seq] slots per row
-  uint8_t* const* slots = nullptr;         // [rows] slot cache (CUDA) / decode scratch (CPU), kslots slots each
+  uint8_t* const* slots = nullptr;         // [rows] slot cache, kslots slots each
   int32_t* const* prev_sel = nullptr;      // [rows] kslots entries: the last step's selection (−1: none)
   int32_t* const* prev_slot = nullptr;     // [rows] kslots entries: its slots
   int32_t* slot_of = nullptr;              // [rows, kmax] out: this step's slot per entry (−1: none)
@@ -83,6 +84,15 @@ void fetch_rows(const Exec& x, const FetchParams& p, const int32_t* sel, const F
                 const uint8_t** view_rows, FetchView* view);
 void fetch_rows_cpu(const FetchParams& p, const int32_t* sel, const FetchRows& r, const uint8_t** view_rows,
                     FetchView* view);
+
+// The slot cache's assignment for one row of k slots (the CPU fetch's, and
+// the CUDA kernel's): `now` this step's selection (ascending, −1 first),
+// prev_sel / prev_slot the last step's. A token held keeps its slot; the
+// misses take the free slots in ascending order. Writes slot_of [k] (−1 for
+// no token), the misses' positions in `now` to *miss, and this step's
+// selection into prev_sel / prev_slot. Returns the tokens selected.
+int64_t assign_slots(const int32_t* now, int k, int32_t* prev_sel, int32_t* prev_slot, int32_t* slot_of,
+                     std::vector<int32_t>* miss);
 
 // cache=all: decodes tokens [0, fill_n[s]) of every row of sequence s into
 // their slots and marks them held (counted neither as selected nor as

@@ -49,6 +49,36 @@ int64_t count_hits(const int32_t* now, const int32_t* prev, int k) {
 
 }  // namespace
 
+int64_t assign_slots(const int32_t* now, int k, int32_t* prev_sel, int32_t* prev_slot, int32_t* slot_of,
+                     std::vector<int32_t>* miss) {
+  // A selected token the last step held keeps its slot; the misses take the
+  // free slots in ascending order, in selection order (the CUDA assignment).
+  std::vector<uint8_t> used(size_t(k), 0);
+  int64_t n_sel = 0;
+  miss->clear();
+  for (int j = 0; j < k; ++j) {
+    const int32_t t = now[j];
+    slot_of[j] = -1;
+    if (t < 0) continue;
+    ++n_sel;
+    const int32_t* at = std::lower_bound(prev_sel, prev_sel + k, t);
+    if (at != prev_sel + k && *at == t) {
+      slot_of[j] = prev_slot[at - prev_sel];
+      used[size_t(slot_of[j])] = 1;
+    } else {
+      miss->push_back(j);
+    }
+  }
+  int free_slot = 0;
+  for (const int32_t j : *miss) {
+    while (used[size_t(free_slot)]) ++free_slot;
+    slot_of[j] = free_slot++;
+  }
+  std::copy_n(now, k, prev_sel);
+  std::copy_n(slot_of, k, prev_slot);
+  return n_sel;
+}
+
 namespace {
 
 // Token t of row (s, h) decoded into `slot`: K then V, f32 [D] each.
@@ -110,7 +140,7 @@ void fetch_rows_cpu(const FetchParams& p, const int32_t* sel, const FetchRows& r
     KVT_CHECK(ks <= K, "fetch: {} slots per row exceed the selection width {}", ks, K);
     const int32_t* now = sel + row * K + (K - ks);
     for (int j = 0; j < K - ks; ++j) KVT_CHECK(sel[row * K + j] < 0, "fetch: row {} selects more than {}", row, ks);
-    if (all(s) && !p.raw) continue;  // counted where the misses are decoded
+    if (!p.raw) continue;  // counted where the misses are decoded
     int64_t n_sel = 0, misses = 0;
     for (int j = 0; j < ks; ++j) n_sel += now[j] >= 0;
     if (all(s)) {  // a bitmap of the tokens held; a miss is read once
@@ -140,43 +170,46 @@ void fetch_rows_cpu(const FetchParams& p, const int32_t* sel, const FetchRows& r
     view->idx = sel;
     return;
   }
-  // Per row: (selected, decoded). cache=all decodes only the tokens its
-  // slots do not hold yet (slot = token); otherwise every selected token
-  // goes to slot j of the step's scratch slots.
+  // Per row: (selected, decoded). Only misses are decoded. cache=all: slot
+  // = token, held tokens marked in a bitmap. Otherwise the row's kslots
+  // slots persist across steps as on the GPU (assign_slots).
   std::vector<int64_t> read(size_t(2 * n_rows), 0);
   default_pool().parallel_for(n_rows, 1, [&](int64_t r0, int64_t r1, int) {
     std::vector<float> kbuf, vbuf;
+    std::vector<int32_t> miss;
     for (int64_t row = r0; row < r1; ++row) {
       const int s = int(row / H), h = int(row % H);
       uint8_t* out = r.slots[row];
-      const int off = K - r.kslots[s];
+      int32_t* slot_of = r.slot_of + row * K;
+      const int32_t* now = sel + row * K;
       auto* held = all(s) ? reinterpret_cast<uint32_t*>(r.prev_sel[row]) : nullptr;
+      if (!held) {
+        const int ks = r.kslots[s];
+        std::fill(slot_of, slot_of + (K - ks), -1);
+        read[size_t(2 * row)] = assign_slots(now + (K - ks), ks, r.prev_sel[row], r.prev_slot[row],
+                                             slot_of + (K - ks), &miss);
+        read[size_t(2 * row + 1)] = int64_t(miss.size());
+        for (const int32_t j : miss)
+          decode_token(p, r, s, h, now[K - ks + j], out + int64_t(slot_of[K - ks + j]) * p.slot_bytes, kbuf, vbuf);
+        continue;
+      }
       for (int j = 0; j < K; ++j) {
-        const int32_t t = sel[row * K + j];
-        if (t < 0) {
-          r.slot_of[row * K + j] = -1;
-          continue;
-        }
+        const int32_t t = now[j];
+        slot_of[j] = t;
+        if (t < 0) continue;
         ++read[size_t(2 * row)];
-        if (held) {
-          r.slot_of[row * K + j] = t;
-          const uint32_t bit = 1u << (t & 31);
-          if (held[t >> 5] & bit) continue;
-          held[t >> 5] |= bit;
-          ++read[size_t(2 * row + 1)];
-          decode_token(p, r, s, h, t, out + int64_t(t) * p.slot_bytes, kbuf, vbuf);
-        } else {
-          r.slot_of[row * K + j] = j - off;
-          decode_token(p, r, s, h, t, out + int64_t(j - off) * p.slot_bytes, kbuf, vbuf);
-        }
+        const uint32_t bit = 1u << (t & 31);
+        if (held[t >> 5] & bit) continue;
+        held[t >> 5] |= bit;
+        ++read[size_t(2 * row + 1)];
+        decode_token(p, r, s, h, t, out + int64_t(t) * p.slot_bytes, kbuf, vbuf);
       }
     }
   });
-  for (int64_t row = 0; row < n_rows && r.counters; ++row)
-    if (all(int(row / H))) {
-      r.counters[row / H][0] += uint64_t(read[size_t(2 * row)]);
-      r.counters[row / H][1] += uint64_t(read[size_t(2 * row + 1)]);
-    }
+  for (int64_t row = 0; row < n_rows && r.counters; ++row) {
+    r.counters[row / H][0] += uint64_t(read[size_t(2 * row)]);
+    r.counters[row / H][1] += uint64_t(read[size_t(2 * row + 1)]);
+  }
   for (int64_t row = 0; row < n_rows; ++row) view_rows[row] = r.slots[row];
   view->rows = view_rows;
   view->tok_stride = p.slot_bytes;

@@ -246,6 +246,9 @@ TEST_P(HostTierCuda, WritesTheCpuRecordsAndFetchesItsValues) {
         ASSERT_EQ(t < 0, slot_of[size_t(r * K + j)] < 0) << r << " " << j;
         if (t < 0) continue;
         const int64_t ci = cv.idx[r * K + j];
+        if (!raw) {
+          ASSERT_EQ(ci, slot_of[size_t(r * K + j)]) << "the CPU's slot cache assigns as the GPU's";
+        }
         const uint8_t* ce = cv.rows[r] + ci * cv.tok_stride;
         const uint8_t* ge = g_row.data() + int64_t(slot_of[size_t(r * K + j)]) * pg.slot_bytes;
         for (int w = 0; w < 2; ++w)

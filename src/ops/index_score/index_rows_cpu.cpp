@@ -1,9 +1,11 @@
 // The decode step's scoring and selection on the CPU: the specification of
 // index_rows.h (and the CPU backend's implementation). Scores come from the
 // CPU quantizer's score() over the records in place.
+#include <immintrin.h>
+
 #include <algorithm>
-#include <functional>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -128,34 +130,72 @@ void score_rows_cpu(const ScoreRowsParams& p, const float* q, const uint8_t* con
   });
 }
 
+namespace {
+
+// log Σ e^x over n scores (−∞ when all are −∞), 8 lanes at a time.
+float log_sum_exp(const float* x, int64_t n) {
+  __m256 m8 = _mm256_set1_ps(-INFINITY);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(x + i));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m8);
+  float m = -INFINITY;
+  for (const float l : lanes) m = std::max(m, l);
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  if (m == -INFINITY) return m;
+  constexpr int64_t kBlock = 512;
+  alignas(32) float e[kBlock];
+  __m256 sum8 = _mm256_setzero_ps();
+  float tail = 0.f;
+  for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
+    const int64_t b = std::min(kBlock, n - i0);
+    for (int64_t j = 0; j < b; ++j) e[j] = x[i0 + j] - m;
+    attn_kernels::exp_avx2(e, b, e);
+    int64_t j = 0;
+    for (; j + 8 <= b; j += 8) sum8 = _mm256_add_ps(sum8, _mm256_load_ps(e + j));
+    for (; j < b; ++j) tail += e[j];
+  }
+  _mm256_store_ps(lanes, sum8);
+  float sum = tail;
+  for (const float l : lanes) sum += l;
+  return m + std::log(sum);
+}
+
+}  // namespace
+
 void gqa_rows_cpu(const GqaRowsParams& p, const float* raw, const StepRanges* ranges, float* out) {
-  // f32 with the vector e^x (as the CUDA kernels), rows over the threads.
+  // f32 with the vector e^x (as the CUDA kernels). Each (row, query)'s
+  // log-sum-exp is a job, then blocks of candidates take the best query.
   const int64_t n_rows = int64_t(p.n_seq) * p.n_kv_head;
-  default_pool().parallel_for(n_rows, 1, [&](int64_t r0, int64_t r1, int) {
-    constexpr int64_t kBlock = 512;
-    float e[kBlock];
-    std::vector<float> lse(size_t(p.n_q));
-    for (int64_t r = r0; r < r1; ++r) {
+  std::vector<float> lse(size_t(n_rows * p.n_q));
+  ThreadPool& pool = default_pool();
+  pool.parallel_for(n_rows * p.n_q, 1, [&](int64_t j0, int64_t j1, int) {
+    for (int64_t j = j0; j < j1; ++j)
+      lse[size_t(j)] = log_sum_exp(raw + j * p.in_stride, ranges[j / p.n_q / p.n_kv_head].n_chunk);
+  });
+  constexpr int64_t kBlock = 2048;
+  int64_t n_block = 1;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const StepRanges& sr = ranges[r / p.n_kv_head];
+    n_block = std::max(n_block, (sr.c_hi - sr.c_lo + kBlock - 1) / kBlock);
+  }
+  pool.parallel_for(n_rows * n_block, 1, [&](int64_t j0, int64_t j1, int) {
+    for (int64_t job = j0; job < j1; ++job) {
+      const int64_t r = job / n_block, b = job % n_block;
       const StepRanges& sr = ranges[r / p.n_kv_head];
-      for (int j = 0; j < p.n_q; ++j) {
-        const float* x = raw + (r * p.n_q + j) * p.in_stride;
-        float m = -INFINITY;
-        for (int64_t i = 0; i < sr.n_chunk; ++i) m = std::max(m, x[i]);
-        float sum = 0.f;
-        for (int64_t i0 = 0; m > -INFINITY && i0 < sr.n_chunk; i0 += kBlock) {
-          const int64_t n = std::min(kBlock, sr.n_chunk - i0);
-          for (int64_t i = 0; i < n; ++i) e[i] = x[i0 + i] - m;
-          attn_kernels::exp_avx2(e, n, e);
-          for (int64_t i = 0; i < n; ++i) sum += e[i];
-        }
-        lse[size_t(j)] = m + std::log(sum);
-      }
+      const int64_t i0 = b * kBlock, i1 = std::min(sr.c_hi - sr.c_lo, i0 + kBlock);
+      if (i0 >= i1) continue;
       float* o = out + r * p.out_stride;
-      for (int64_t i = 0; i < sr.c_hi - sr.c_lo; ++i) {
-        float best = -INFINITY;
-        for (int j = 0; j < p.n_q; ++j)
-          best = std::max(best, raw[(r * p.n_q + j) * p.in_stride + sr.c_lo + i] - lse[size_t(j)]);
-        o[i] = best;
+      const float* x0 = raw + r * p.n_q * p.in_stride + sr.c_lo;
+      std::fill(o + i0, o + i1, -INFINITY);
+      for (int j = 0; j < p.n_q; ++j) {
+        const float* x = x0 + j * p.in_stride;
+        const float l = lse[size_t(r * p.n_q + j)];
+        const __m256 l8 = _mm256_set1_ps(l);
+        int64_t i = i0;
+        for (; i + 8 <= i1; i += 8)
+          _mm256_storeu_ps(o + i, _mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), l8), _mm256_loadu_ps(o + i)));
+        for (; i < i1; ++i) o[i] = std::max(o[i], x[i] - l);  // NaN (no finite score) keeps o[i], as max_ps
       }
     }
   });

@@ -1,8 +1,11 @@
 // score_rows on the CPU: long rows are scored in blocks of chunks spread
 // over the threads; every block must score exactly what one pass over the
-// whole row scores (the quantizer's score(), times the scale).
+// whole row scores (the quantizer's score(), times the scale). gqa_rows on
+// the CPU (vector max, sums and e^x, blocks over the threads) against the
+// formula in double precision.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -57,6 +60,48 @@ TEST(ScoreRowsCpu, BlocksOfALongRowScoreAsTheWholeRow) {
             ASSERT_EQ(got[(size_t(h) * n_q + j) * n + i], want[size_t(j) * m + i] * p.scale)
                 << "head " << h << " query " << j << " chunk " << i;
       }
+    }
+  }
+}
+
+TEST(GqaRowsCpu, TakesEachCandidatesBestQueryLogSoftmax) {
+  // out[c] = max_j (raw_j[c] − log Σ_i e^raw_j[i]) over the row's chunks.
+  const int H = 2, n_q = 3, n_seq = 2;
+  const std::vector<int64_t> n_chunks{5003, 13};  // blocks of 2048 and 8-lane tails; a short row
+  const int64_t stride = 5003;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0.f, 4.f);
+  std::vector<float> raw(size_t(n_seq) * H * n_q * stride, NAN);
+  std::vector<StepRanges> ranges(n_seq);
+  for (int s = 0; s < n_seq; ++s) {
+    StepRanges& r = ranges[size_t(s)];
+    r.n = r.n_chunk = n_chunks[size_t(s)];
+    r.c_lo = 3, r.c_hi = r.n_chunk - 2;
+    for (int64_t row = s * H; row < (s + 1) * H; ++row)
+      for (int j = 0; j < n_q; ++j)
+        for (int64_t i = 0; i < r.n_chunk; ++i) raw[size_t((row * n_q + j) * stride + i)] = nd(rng);
+  }
+  for (int64_t i = 0; i < 40; ++i) raw[size_t(i * 7)] = -INFINITY;  // masked chunks
+  GqaRowsParams p;
+  p.n_seq = n_seq, p.n_kv_head = H, p.n_q = n_q;
+  p.in_stride = p.out_stride = stride;
+  std::vector<float> got(size_t(n_seq) * H * stride, 0.f);
+  gqa_rows_cpu(p, raw.data(), ranges.data(), got.data());
+  for (int64_t row = 0; row < int64_t(n_seq) * H; ++row) {
+    const StepRanges& r = ranges[size_t(row / H)];
+    std::vector<double> lse(n_q);
+    for (int j = 0; j < n_q; ++j) {
+      const float* x = raw.data() + (row * n_q + j) * stride;
+      double m = -INFINITY, sum = 0;
+      for (int64_t i = 0; i < r.n_chunk; ++i) m = std::max(m, double(x[i]));
+      for (int64_t i = 0; i < r.n_chunk; ++i) sum += std::exp(double(x[i]) - m);
+      lse[size_t(j)] = m + std::log(sum);
+    }
+    for (int64_t i = 0; i < r.c_hi - r.c_lo; ++i) {
+      double want = -INFINITY;
+      for (int j = 0; j < n_q; ++j)
+        want = std::max(want, double(raw[size_t((row * n_q + j) * stride + r.c_lo + i)]) - lse[size_t(j)]);
+      ASSERT_NEAR(got[size_t(row * stride + i)], want, 1e-5 * (1 + std::abs(want))) << row << " " << i;
     }
   }
 }
