@@ -181,6 +181,71 @@ void higgs_dequantize_cpu(const QuantSpec& s, const uint8_t* in, int64_t n_vec, 
   }
 }
 
+namespace {
+
+// 2–4 queries (a GQA group) over byte codes of a 256-point grid: the table
+// as [n_sub, 256, 4] f32, built straight from the grid (query j in lane j),
+// so that one 16-byte load per stored code serves every query. Two records
+// per iteration for independent loads.
+void higgs_score_group4(const Grouped& l, const HiggsGrid& grid, const float* qr, int n_q, int dim,
+                        const uint8_t* codes, int64_t stride, int64_t n_vec, float* scores) {
+  const int d = grid.dim, n_sub = dim / d;
+  std::vector<float> qt(size_t(dim) * 4, 0.f);  // [dim, 4] the queries' values at each rotated coordinate
+  for (int i = 0; i < dim; ++i)
+    for (int j = 0; j < n_q; ++j) qt[size_t(i) * 4 + j] = qr[size_t(j) * dim + i];
+  std::vector<float> lut4(size_t(n_sub) * 256 * 4);  // [n_sub, 256, 4] f32
+  for (int sp = 0; sp < n_sub; ++sp)
+    for (int c = 0; c < 256; ++c) {
+      const float* pt = grid.points.data() + size_t(c) * d;
+      __m128 acc = _mm_setzero_ps();
+      for (int k = 0; k < d; ++k) acc = _mm_fmadd_ps(_mm_loadu_ps(qt.data() + size_t(sp * d + k) * 4), _mm_set1_ps(pt[k]), acc);
+      _mm_storeu_ps(lut4.data() + (size_t(sp) * 256 + c) * 4, acc);
+    }
+  const float* lut = lut4.data();
+  auto group_sum = [&](const uint8_t* cg, const float* lg) {
+    __m128 a0 = _mm_setzero_ps(), a1 = _mm_setzero_ps();
+    int sp = 0;
+    for (; sp + 2 <= l.n_code; sp += 2) {
+      a0 = _mm_add_ps(a0, _mm_loadu_ps(lg + (size_t(sp) * 256 + cg[sp]) * 4));
+      a1 = _mm_add_ps(a1, _mm_loadu_ps(lg + (size_t(sp + 1) * 256 + cg[sp + 1]) * 4));
+    }
+    for (; sp < l.n_code; ++sp) a0 = _mm_add_ps(a0, _mm_loadu_ps(lg + (size_t(sp) * 256 + cg[sp]) * 4));
+    return _mm_add_ps(a0, a1);
+  };
+  auto store = [&](int64_t i, __m128 total) {
+    alignas(16) float t4[4];
+    _mm_store_ps(t4, total);
+    for (int j = 0; j < n_q; ++j) scores[int64_t(j) * n_vec + i] = t4[j];
+  };
+  const size_t group_lut = size_t(l.n_code) * 256 * 4;
+  int64_t i = 0;
+  for (; i + 2 <= n_vec; i += 2) {
+    const uint8_t* r0 = codes + i * stride;
+    const uint8_t* r1 = r0 + stride;
+    __m128 t0 = _mm_setzero_ps(), t1 = _mm_setzero_ps();
+    for (int g = 0; g < l.n_group; ++g) {
+      const float* lg = lut + size_t(g) * group_lut;
+      const __m128 s0 = _mm_set1_ps(bf16_to_f32(load_u16(r0 + l.meta_offset + 2 * size_t(g))));
+      const __m128 s1 = _mm_set1_ps(bf16_to_f32(load_u16(r1 + l.meta_offset + 2 * size_t(g))));
+      t0 = _mm_fmadd_ps(s0, group_sum(r0 + size_t(g) * l.code_bytes, lg), t0);
+      t1 = _mm_fmadd_ps(s1, group_sum(r1 + size_t(g) * l.code_bytes, lg), t1);
+    }
+    store(i, t0);
+    store(i + 1, t1);
+  }
+  for (; i < n_vec; ++i) {
+    const uint8_t* r0 = codes + i * stride;
+    __m128 t0 = _mm_setzero_ps();
+    for (int g = 0; g < l.n_group; ++g) {
+      const __m128 s0 = _mm_set1_ps(bf16_to_f32(load_u16(r0 + l.meta_offset + 2 * size_t(g))));
+      t0 = _mm_fmadd_ps(s0, group_sum(r0 + size_t(g) * l.code_bytes, lut + size_t(g) * group_lut), t0);
+    }
+    store(i, t0);
+  }
+}
+
+}  // namespace
+
 void higgs_score_cpu(const QuantSpec& s, const ScoreParams& p) {
   const int dim = p.dim;
   int64_t stride = p.code_stride ? p.code_stride : int64_t(bytes_per_vector(s, dim));
@@ -205,6 +270,8 @@ void higgs_score_cpu(const QuantSpec& s, const ScoreParams& p) {
   // instead of n_sub·d multiply-adds.
   const int64_t lut_size = int64_t(p.n_q) * n_sub * n;
   const bool use_lut = p.n_vec * d >= 2 * int64_t(n) && lut_size <= (int64_t(1) << 23);
+  if (use_lut && l.bits == 8 && n == 256 && p.n_q >= 2 && p.n_q <= 4)
+    return higgs_score_group4(l, grid, qr.data(), p.n_q, dim, p.codes, stride, p.n_vec, p.scores);
   if (use_lut) {
     std::vector<float> lut(static_cast<size_t>(lut_size));  // [n_q, n_sub, n] f32
     for (int j = 0; j < p.n_q; ++j)
@@ -218,36 +285,6 @@ void higgs_score_cpu(const QuantSpec& s, const ScoreParams& p) {
           for (int c = 0; c < n; ++c) row[c] += qk * pk[c];
         }
       }
-    if (l.bits == 8 && n == 256 && p.n_q >= 2 && p.n_q <= 4) {
-      // 2–4 queries (a GQA group): the table as [n_sub, 256, 4], so one
-      // 16-byte load per stored code serves every query.
-      std::vector<float> lut4(size_t(n_sub) * 256 * 4, 0.0f);
-      for (int j = 0; j < p.n_q; ++j)
-        for (int sp = 0; sp < n_sub; ++sp)
-          for (int c = 0; c < 256; ++c)
-            lut4[(size_t(sp) * 256 + c) * 4 + j] = lut[(size_t(j) * n_sub + sp) * n + c];
-      for (int64_t i = 0; i < p.n_vec; ++i) {
-        const uint8_t* rec = p.codes + i * stride;
-        __m128 total = _mm_setzero_ps();
-        for (int g = 0; g < l.n_group; ++g) {
-          const float sigma = bf16_to_f32(load_u16(rec + l.meta_offset + 2 * size_t(g)));
-          const uint8_t* cg = rec + size_t(g) * l.code_bytes;
-          const float* lg = lut4.data() + size_t(g) * l.n_code * 256 * 4;
-          __m128 a0 = _mm_setzero_ps(), a1 = _mm_setzero_ps();
-          int sp = 0;
-          for (; sp + 2 <= l.n_code; sp += 2) {
-            a0 = _mm_add_ps(a0, _mm_loadu_ps(lg + (size_t(sp) * 256 + cg[sp]) * 4));
-            a1 = _mm_add_ps(a1, _mm_loadu_ps(lg + (size_t(sp + 1) * 256 + cg[sp + 1]) * 4));
-          }
-          for (; sp < l.n_code; ++sp) a0 = _mm_add_ps(a0, _mm_loadu_ps(lg + (size_t(sp) * 256 + cg[sp]) * 4));
-          total = _mm_add_ps(total, _mm_mul_ps(_mm_set1_ps(sigma), _mm_add_ps(a0, a1)));
-        }
-        alignas(16) float t4[4];
-        _mm_store_ps(t4, total);
-        for (int j = 0; j < p.n_q; ++j) p.scores[int64_t(j) * p.n_vec + i] = t4[j];
-      }
-      return;
-    }
     if (l.bits == 8 && n == 256) {  // a code per byte (EDEN*-256): index the table with the stored bytes
       for (int64_t i = 0; i < p.n_vec; ++i) {
         const uint8_t* rec = p.codes + i * stride;
