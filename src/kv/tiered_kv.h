@@ -6,8 +6,8 @@
 //            plane1 [H rows] scales (planar) or meta records (residual)
 //   host     [cap tokens][host_tok_bytes]  (values_only: + kplane for generated keys)
 //   resident [H rows][sink + ring + outlier tokens][K|V]
-//   slots    [H rows][kmax][K|V]  the slot cache (CPU: the decode scratch);
-//            cache=all on the GPU: [H rows][cap][K|V], token t in slot t
+//   slots    [H rows][kmax][K|V]  the slot cache (both devices: decoded K|V);
+//            cache=all: [H rows][cap][K|V], token t in slot t
 // Prefill is dense over a working copy of the prompt's K/V, released at
 // start_decode, when the index is finished (shadowkv: its SVD and outliers).
 // Decode steps run through a DecodeBatch (decode_batch.h) of one or more

@@ -375,7 +375,9 @@ TEST(KeySvd, ReconstructionErrorFallsWithRankAndVanishesAtFullRank) {
     double e = rel_l2(rec, k);
     EXPECT_LT(e, prev) << "rank " << r;
     prev = e;
-    if (r == w) EXPECT_LT(e, 1e-5);
+    if (r == w) {
+      EXPECT_LT(e, 1e-5);
+    }
   }
   EXPECT_THROW(key_svd(k.data(), n, w, w + 1), Error);
 }

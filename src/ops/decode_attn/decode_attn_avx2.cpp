@@ -76,10 +76,10 @@ struct Avx2 {
 
 }  // namespace
 
-void row_avx2(const RowJob& job) {
-  if (job.f32) row_kernel<Avx2, 2>(job);
-  else if (job.fp8) row_kernel<Avx2, 1>(job);
-  else row_kernel<Avx2, 0>(job);
+void row_avx2(const RowJob* jobs, int n_jobs) {
+  if (jobs[0].f32) row_kernel<Avx2, 2>(jobs, n_jobs);
+  else if (jobs[0].fp8) row_kernel<Avx2, 1>(jobs, n_jobs);
+  else row_kernel<Avx2, 0>(jobs, n_jobs);
 }
 
 void exp_avx2(const float* x, int64_t n, float* y) { exp_array<Avx2>(x, n, y); }

@@ -87,10 +87,10 @@ struct Avx512 {
 
 }  // namespace
 
-void KVT_AVX512_NAME(row_avx512)(const RowJob& job) {
-  if (job.f32) row_kernel<Avx512, 2>(job);
-  else if (job.fp8) row_kernel<Avx512, 1>(job);
-  else row_kernel<Avx512, 0>(job);
+void KVT_AVX512_NAME(row_avx512)(const RowJob* jobs, int n_jobs) {
+  if (jobs[0].f32) row_kernel<Avx512, 2>(jobs, n_jobs);
+  else if (jobs[0].fp8) row_kernel<Avx512, 1>(jobs, n_jobs);
+  else row_kernel<Avx512, 0>(jobs, n_jobs);
 }
 
 void KVT_AVX512_NAME(exp_avx512)(const float* x, int64_t n, float* y) { exp_array<Avx512>(x, n, y); }

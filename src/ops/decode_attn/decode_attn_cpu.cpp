@@ -1,7 +1,8 @@
-// CPU decode attention: (row, split) jobs on the thread pool, each through
-// the row kernel of the machine's ISA (decode_attn_kernels.h: AVX-512, AVX2,
-// or scalar for head dims no vector kernel takes), K/V read as stored (bf16
-// and FP8 widened in registers, f32 as they are). Then the LSE merge.
+// CPU decode attention: tasks of (sequence, split, KV heads) on the thread
+// pool, each through the row kernel of the machine's ISA
+// (decode_attn_kernels.h: AVX-512, AVX2, or scalar for head dims no vector
+// kernel takes), K/V read as stored (bf16 and FP8 widened in registers, f32
+// as they are). Then the LSE merge.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -53,11 +54,9 @@ float load_scalar(const RowJob& j, const uint8_t* row, int d) {
   return bf16_to_f32(b);
 }
 
-}  // namespace
-
 // Two passes over the slots (scores and max, then exp and accumulation),
 // f32 arithmetic; what the vector kernels compute, without the tiling.
-void row_scalar(const RowJob& j) {
+void row_scalar_one(const RowJob& j) {
   const int D = j.head_dim;
   for (int h = 0; h < j.n_qh; ++h) {
     const float* q = j.q + int64_t(h) * D;
@@ -91,6 +90,12 @@ void row_scalar(const RowJob& j) {
   }
 }
 
+}  // namespace
+
+void row_scalar(const RowJob* jobs, int n_jobs) {
+  for (int i = 0; i < n_jobs; ++i) row_scalar_one(jobs[i]);
+}
+
 RowKernel row_kernel_for(CpuPath path, int head_dim) {
   if (path == CpuPath::avx512 && head_dim % 16 == 0 && cpu_supports(CpuPath::avx512)) return row_avx512;
   if (head_dim % 8 == 0) return row_avx2;
@@ -101,52 +106,68 @@ void decode_attn_with(RowKernel kernel, const DecodeAttnParams& p, const float* 
                       const int32_t* idx, float* part_out, float* part_lse) {
   check_params(p);
   const int G = p.n_head / p.n_kv_head, D = p.head_dim;
-  const int64_t n_rows = int64_t(p.n_seq) * p.n_kv_head;
   const int64_t n_qh = int64_t(p.n_seq) * p.n_head;
-  const int64_t n_floats = scratch_floats(G, D) + 2 * int64_t(G) + 16;
-  default_pool().parallel_for(n_rows * p.n_split, 1, [&](int64_t a, int64_t b, int) {
+  const int64_t n_floats = scratch_floats(G, D) + 2 * int64_t(G) + 16;  // a job's scratch, max, sum
+  // A task: KV heads of one sequence over one split's token range, run
+  // together by the kernel. All of them, unless the (sequence, split) pairs
+  // are fewer than the threads: then the heads divide among them.
+  const int64_t groups = int64_t(p.n_seq) * p.n_split, n_threads = default_pool().n_threads();
+  const int64_t ways = groups >= n_threads ? 1 : (n_threads + groups - 1) / groups;
+  const int per_task = int(std::min<int64_t>(kMaxRowJobs, (p.n_kv_head + ways - 1) / ways));
+  const int64_t tasks_per_split = (p.n_kv_head + per_task - 1) / per_task;
+  const int64_t n_tasks = int64_t(p.n_seq) * p.n_split * tasks_per_split;
+  default_pool().parallel_for(n_tasks, 1, [&](int64_t a, int64_t b, int) {
     thread_local std::vector<float> scratch;
-    if (int64_t(scratch.size()) < n_floats) scratch.resize(size_t(n_floats));
+    const int64_t stride = (n_floats + 15) / 16 * 16;  // keeps every job's scratch 64-byte aligned
+    if (int64_t(scratch.size()) < stride * per_task + 16) scratch.resize(size_t(stride * per_task + 16));
     // 64-byte aligned start (the kernels use unaligned loads; alignment keeps
     // the key tile on cache-line boundaries).
     float* base = scratch.data();
     base += (16 - (reinterpret_cast<uintptr_t>(base) / 4) % 16) % 16;
-    float* mx = base + scratch_floats(G, D);
-    float* sm = mx + G;
-    for (int64_t job = a; job < b; ++job) {
-      const int64_t r = job / p.n_split;
-      const int split = int(job % p.n_split);
-      const int64_t seq = r / p.n_kv_head, kvh = r % p.n_kv_head;
+    RowJob jobs[kMaxRowJobs];
+    for (int64_t task = a; task < b; ++task) {
+      const int64_t seq = task / (p.n_split * tasks_per_split);
+      const int split = int(task / tasks_per_split % p.n_split);
+      const int kvh0 = int(task % tasks_per_split) * per_task;
+      const int n_jobs = std::min(per_task, p.n_kv_head - kvh0);
       const int64_t n = p.n_tok ? p.n_tok[seq * p.n_tok_stride] : p.n_tok_fixed;
       const int64_t chunk = (n + p.n_split - 1) / p.n_split;
       const int64_t e0 = std::min<int64_t>(n, int64_t(split) * chunk);
       const int64_t e1 = std::min<int64_t>(n, e0 + chunk);
-      const int64_t qh0 = seq * p.n_head + kvh * G;  // first query head of the group
-      RowJob j;
-      j.q = q + qh0 * D;
-      j.n_qh = G;
-      j.head_dim = D;
-      j.scale = p.scale;
-      j.fp8 = p.elt == KvElt::fp8;
-      j.f32 = p.elt == KvElt::f32;
-      j.k = rows[r];
-      j.v = rows[r] + p.v_offset;
-      j.tok_stride = p.tok_stride;
-      j.idx = idx ? idx + r * p.idx_stride + e0 : nullptr;
-      // Without idx the entries are the slots themselves: shift the row base.
-      if (!idx) {
-        j.k += e0 * p.tok_stride;
-        j.v += e0 * p.tok_stride;
-      }
-      j.n_tok = e1 - e0;
       const int64_t part = p.part0 + split;
-      j.out = part_out + (part * n_qh + qh0) * D;
-      j.max = mx;
-      j.sum = sm;
-      j.scratch = base;
-      kernel(j);
-      float* lse = part_lse + part * n_qh + qh0;
-      for (int g = 0; g < G; ++g) lse[g] = sm[g] > 0 ? mx[g] + std::log(sm[g]) : -INFINITY;
+      for (int i = 0; i < n_jobs; ++i) {
+        const int64_t r = seq * p.n_kv_head + kvh0 + i;
+        const int64_t qh0 = seq * p.n_head + int64_t(kvh0 + i) * G;  // first query head of the group
+        float* js = base + i * stride;
+        RowJob& j = jobs[i];
+        j = RowJob();
+        j.q = q + qh0 * D;
+        j.n_qh = G;
+        j.head_dim = D;
+        j.scale = p.scale;
+        j.fp8 = p.elt == KvElt::fp8;
+        j.f32 = p.elt == KvElt::f32;
+        j.k = rows[r];
+        j.v = rows[r] + p.v_offset;
+        j.tok_stride = p.tok_stride;
+        j.idx = idx ? idx + r * p.idx_stride + e0 : nullptr;
+        // Without idx the entries are the slots themselves: shift the row base.
+        if (!idx) {
+          j.k += e0 * p.tok_stride;
+          j.v += e0 * p.tok_stride;
+        }
+        j.n_tok = e1 - e0;
+        j.out = part_out + (part * n_qh + qh0) * D;
+        j.scratch = js;
+        j.max = js + scratch_floats(G, D);
+        j.sum = j.max + G;
+      }
+      kernel(jobs, n_jobs);
+      for (int i = 0; i < n_jobs; ++i) {
+        const int64_t qh0 = seq * p.n_head + int64_t(kvh0 + i) * G;
+        float* lse = part_lse + part * n_qh + qh0;
+        for (int g = 0; g < G; ++g) lse[g] = jobs[i].sum[g] > 0 ? jobs[i].max[g] + std::log(jobs[i].sum[g]) : -INFINITY;
+      }
     }
   });
 }

@@ -45,16 +45,20 @@ static inline int64_t scratch_floats(int n_qh, int head_dim) {
   return int64_t(kTile) * head_dim + 2 * int64_t(n_qh) * head_dim + int64_t(n_qh) * kTile + 2 * int64_t(n_qh) + 64;
 }
 
-using RowKernel = void (*)(const RowJob& job);
+// A kernel runs n_jobs ≤ kMaxRowJobs jobs over the same token range (the KV
+// heads of a sequence), tile by tile in turn, so that one core reads whole
+// token rows; every job's result is what it computes alone.
+constexpr int kMaxRowJobs = 16;
+using RowKernel = void (*)(const RowJob* jobs, int n_jobs);
 
 // The kernels of each path; avx512's is only called where cpu_supports(avx512).
 // row_scalar: any head_dim, plain loops (the fallback and a readable model).
-void row_scalar(const RowJob& job);
-void row_avx2(const RowJob& job);
-void row_avx512(const RowJob& job);
+void row_scalar(const RowJob* jobs, int n_jobs);
+void row_avx2(const RowJob* jobs, int n_jobs);
+void row_avx512(const RowJob* jobs, int n_jobs);
 // The AVX-512 kernel built over SIMDe's portable intrinsics (test builds only:
 // it runs on machines without AVX-512).
-void row_avx512_emulated(const RowJob& job);
+void row_avx512_emulated(const RowJob* jobs, int n_jobs);
 void exp_avx512_emulated(const float* x, int64_t n, float* y);
 
 // The kernel of `path` for head_dim (a narrower one where head_dim does not

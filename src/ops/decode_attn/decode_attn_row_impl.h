@@ -73,93 +73,130 @@ void accumulate_values_any(float* acc, const float* p, const uint8_t* const* vro
   }
 }
 
+// One job's running state; scratch as scratch_floats() lays it out.
+struct RowState {
+  float *ktile, *qs, *acc, *p, *m_run, *l_run;
+  int64_t e = 0;  // next entry of the job's list
+};
+
 template <class S, int kE>
-void row_kernel(const RowJob& j) {
+RowState row_begin(const RowJob& j) {
   using V = typename S::V;
   constexpr int W = S::W;
-  constexpr bool kFp8 = kE == 1;
+  const int D = j.head_dim, G = j.n_qh;
+  RowState st;
+  st.ktile = j.scratch;                      // [kTile, D] widened keys
+  st.qs = st.ktile + int64_t(kTile) * D;     // [G, D] q · scale (· 2^8 for FP8)
+  st.acc = st.qs + int64_t(G) * D;           // [G, D] unnormalized output
+  st.p = st.acc + int64_t(G) * D;            // [G, kTile] scores, then probabilities
+  st.m_run = st.p + int64_t(G) * kTile;      // [G]
+  st.l_run = st.m_run + G;                   // [G]
+  const V qscale = S::set1(kE == 1 ? j.scale * 256.f : j.scale);
+  for (int64_t i = 0; i < int64_t(G) * D; i += W) {
+    S::store(st.qs + i, S::mul(S::load(j.q + i), qscale));
+    S::store(st.acc + i, S::zero());
+  }
+  for (int h = 0; h < G; ++h) {
+    st.m_run[h] = kNegInf;
+    st.l_run[h] = 0.f;
+  }
+  return st;
+}
+
+// The job's next tile of up to kTile slots; false when none is left.
+template <class S, int kE>
+bool row_tile(const RowJob& j, RowState& st) {
+  using V = typename S::V;
+  constexpr int W = S::W;
   constexpr int64_t eb = elt_bytes<kE>();
   const int D = j.head_dim, G = j.n_qh;
-  float* ktile = j.scratch;                 // [kTile, D] widened keys
-  float* qs = ktile + int64_t(kTile) * D;   // [G, D] q · scale (· 2^8 for FP8)
-  float* acc = qs + int64_t(G) * D;         // [G, D] unnormalized output
-  float* p = acc + int64_t(G) * D;          // [G, kTile] scores, then probabilities
-  float* m_run = p + int64_t(G) * kTile;    // [G]
-  float* l_run = m_run + G;                 // [G]
-  const V qscale = S::set1(kFp8 ? j.scale * 256.f : j.scale);
-  for (int64_t i = 0; i < int64_t(G) * D; i += W) {
-    S::store(qs + i, S::mul(S::load(j.q + i), qscale));
-    S::store(acc + i, S::zero());
-  }
-  for (int h = 0; h < G; ++h) {
-    m_run[h] = kNegInf;
-    l_run[h] = 0.f;
-  }
   const uint8_t* krow[kTile];
   const uint8_t* vrow[kTile];
-  int64_t e = 0;
-  while (e < j.n_tok) {
-    int nt = 0;
-    for (; e < j.n_tok && nt < kTile; ++e) {
-      const int64_t slot = j.idx ? j.idx[e] : e;
-      if (slot < 0) continue;
-      krow[nt] = j.k + slot * j.tok_stride;
-      vrow[nt] = j.v + slot * j.tok_stride;
-      ++nt;
-    }
-    if (nt == 0) break;
-    const int nt8 = (nt + 7) & ~7;
-    // 1. keys → f32 tile (rows past nt zero, their scores masked below)
-    for (int i = 0; i < nt; ++i)
-      for (int c = 0; c < D; c += W) S::store(ktile + i * D + c, load_elt<S, kE>(krow[i] + c * eb));
-    for (int i = nt; i < nt8; ++i)
-      for (int c = 0; c < D; c += W) S::store(ktile + i * D + c, S::zero());
-    for (int h = 0; h < G; ++h) {
-      // 2. scores
-      const float* qh = qs + int64_t(h) * D;
-      float* ph = p + int64_t(h) * kTile;
-      for (int t0 = 0; t0 < nt8; t0 += 8) {
-        V a[8];
-        for (int i = 0; i < 8; ++i) a[i] = S::zero();
-        const float* kt = ktile + int64_t(t0) * D;
-        for (int c = 0; c < D; c += W) {
-          const V qv = S::load(qh + c);
-          for (int i = 0; i < 8; ++i) a[i] = S::fma(qv, S::load(kt + i * D + c), a[i]);
-        }
-        S::reduce8(a, ph + t0);
-      }
-      for (int i = nt; i < kTile; ++i) ph[i] = kNegInf;
-      // 3. online softmax
-      V mv = S::load(ph);
-      for (int i = W; i < kTile; i += W) mv = S::max(mv, S::load(ph + i));
-      const float m_new = max_f(m_run[h], S::hmax(mv));
-      const float alpha = S::first(S::exp(S::set1(m_run[h] - m_new)));
-      const V mvec = S::set1(m_new);
-      V sv = S::zero();
-      for (int i = 0; i < kTile; i += W) {
-        const V pe = S::exp(S::sub(S::load(ph + i), mvec));
-        S::store(ph + i, pe);
-        sv = S::add(sv, pe);
-      }
-      l_run[h] = l_run[h] * alpha + S::hsum(sv);
-      if (alpha != 1.f) {
-        const V av = S::set1(alpha);
-        float* ah = acc + int64_t(h) * D;
-        for (int c = 0; c < D; c += W) S::store(ah + c, S::mul(S::load(ah + c), av));
-      }
-      m_run[h] = m_new;
-    }
-    // 4. values
-    accumulate_values_any<S, kE>(acc, p, vrow, nt, G, D);
+  int nt = 0;
+  for (; st.e < j.n_tok && nt < kTile; ++st.e) {
+    const int64_t slot = j.idx ? j.idx[st.e] : st.e;
+    if (slot < 0) continue;
+    krow[nt] = j.k + slot * j.tok_stride;
+    vrow[nt] = j.v + slot * j.tok_stride;
+    ++nt;
   }
+  if (nt == 0) return false;
+  float* ktile = st.ktile;
+  float* p = st.p;
+  const int nt8 = (nt + 7) & ~7;
+  // 1. keys → f32 tile (rows past nt zero, their scores masked below)
+  for (int i = 0; i < nt; ++i)
+    for (int c = 0; c < D; c += W) S::store(ktile + i * D + c, load_elt<S, kE>(krow[i] + c * eb));
+  for (int i = nt; i < nt8; ++i)
+    for (int c = 0; c < D; c += W) S::store(ktile + i * D + c, S::zero());
   for (int h = 0; h < G; ++h) {
-    const bool any = l_run[h] > 0.f;
-    const V inv = S::set1(any ? (kFp8 ? 256.f : 1.f) / l_run[h] : 0.f);
-    for (int c = 0; c < D; c += W)
-      S::store(j.out + int64_t(h) * D + c, S::mul(S::load(acc + int64_t(h) * D + c), inv));
-    j.max[h] = any ? m_run[h] : kNegInf;
-    j.sum[h] = l_run[h];
+    // 2. scores
+    const float* qh = st.qs + int64_t(h) * D;
+    float* ph = p + int64_t(h) * kTile;
+    for (int t0 = 0; t0 < nt8; t0 += 8) {
+      V a[8];
+      for (int i = 0; i < 8; ++i) a[i] = S::zero();
+      const float* kt = ktile + int64_t(t0) * D;
+      for (int c = 0; c < D; c += W) {
+        const V qv = S::load(qh + c);
+        for (int i = 0; i < 8; ++i) a[i] = S::fma(qv, S::load(kt + i * D + c), a[i]);
+      }
+      S::reduce8(a, ph + t0);
+    }
+    for (int i = nt; i < kTile; ++i) ph[i] = kNegInf;
+    // 3. online softmax
+    V mv = S::load(ph);
+    for (int i = W; i < kTile; i += W) mv = S::max(mv, S::load(ph + i));
+    const float m_new = max_f(st.m_run[h], S::hmax(mv));
+    const float alpha = S::first(S::exp(S::set1(st.m_run[h] - m_new)));
+    const V mvec = S::set1(m_new);
+    V sv = S::zero();
+    for (int i = 0; i < kTile; i += W) {
+      const V pe = S::exp(S::sub(S::load(ph + i), mvec));
+      S::store(ph + i, pe);
+      sv = S::add(sv, pe);
+    }
+    st.l_run[h] = st.l_run[h] * alpha + S::hsum(sv);
+    if (alpha != 1.f) {
+      const V av = S::set1(alpha);
+      float* ah = st.acc + int64_t(h) * D;
+      for (int c = 0; c < D; c += W) S::store(ah + c, S::mul(S::load(ah + c), av));
+    }
+    st.m_run[h] = m_new;
   }
+  // 4. values
+  accumulate_values_any<S, kE>(st.acc, p, vrow, nt, G, D);
+  return true;
+}
+
+template <class S, int kE>
+void row_end(const RowJob& j, const RowState& st) {
+  using V = typename S::V;
+  constexpr int W = S::W;
+  const int D = j.head_dim, G = j.n_qh;
+  for (int h = 0; h < G; ++h) {
+    const bool any = st.l_run[h] > 0.f;
+    const V inv = S::set1(any ? (kE == 1 ? 256.f : 1.f) / st.l_run[h] : 0.f);
+    for (int c = 0; c < D; c += W)
+      S::store(j.out + int64_t(h) * D + c, S::mul(S::load(st.acc + int64_t(h) * D + c), inv));
+    j.max[h] = any ? st.m_run[h] : kNegInf;
+    j.sum[h] = st.l_run[h];
+  }
+}
+
+// The jobs tile by tile in turn: the KV heads of a token range are read
+// together, so one core streams whole token rows (a head's slice of a row is
+// a strided read that runs at a third of the bandwidth). Each job computes
+// exactly what it computes alone.
+template <class S, int kE>
+void row_kernel(const RowJob* jobs, int n_jobs) {
+  RowState st[kMaxRowJobs];
+  for (int i = 0; i < n_jobs; ++i) st[i] = row_begin<S, kE>(jobs[i]);
+  for (bool more = true; more;) {
+    more = false;
+    for (int i = 0; i < n_jobs; ++i) more |= row_tile<S, kE>(jobs[i], st[i]);
+  }
+  for (int i = 0; i < n_jobs; ++i) row_end<S, kE>(jobs[i], st[i]);
 }
 
 template <class S>

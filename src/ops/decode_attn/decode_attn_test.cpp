@@ -196,6 +196,38 @@ TEST_P(DecodeAttnCpu, SplitsMergeToTheReference) {
   }
 }
 
+// The kernel runs a task's heads tile by tile in turn; each head's parts must
+// be bit for bit what the kernel computes for that head alone.
+attn_kernels::RowKernel g_alone_inner = nullptr;
+void one_job_at_a_time(const attn_kernels::RowJob* jobs, int n_jobs) {
+  for (int i = 0; i < n_jobs; ++i) g_alone_inner(jobs + i, 1);
+}
+
+TEST_P(DecodeAttnCpu, HeadsRunTogetherAsEachAlone) {
+  const NamedKernel& kern = GetParam();
+  if (!kern.available) GTEST_SKIP() << "this CPU has no " << kern.name;
+  g_alone_inner = kern.fn;
+  uint32_t seed = 100;
+  int n_grouped = 0;
+  for (const Case& c : grid()) {
+    if (c.head_dim % kern.width != 0 || c.n_kv_head < 2) continue;
+    SCOPED_TRACE(case_name(c));
+    ++n_grouped;
+    const Inputs in = make_inputs(c, seed++);
+    const int64_t n_qh = int64_t(c.n_seq) * c.n_head;
+    const int32_t* idx = c.use_idx ? in.idx.data() : nullptr;
+    DecodeAttnParams p = in.p;
+    p.n_split = c.n_split;
+    std::vector<float> po(size_t(c.n_split * n_qh * c.head_dim), NAN), pl(size_t(c.n_split * n_qh), NAN);
+    std::vector<float> ao(po), al(pl);
+    attn_kernels::decode_attn_with(kern.fn, p, in.q.data(), in.rows.data(), idx, po.data(), pl.data());
+    attn_kernels::decode_attn_with(one_job_at_a_time, p, in.q.data(), in.rows.data(), idx, ao.data(), al.data());
+    for (size_t i = 0; i < po.size(); ++i) ASSERT_EQ(std::memcmp(&po[i], &ao[i], 4), 0) << i;
+    for (size_t i = 0; i < pl.size(); ++i) ASSERT_EQ(std::memcmp(&pl[i], &al[i], 4), 0) << i;
+  }
+  EXPECT_GT(n_grouped, 10);
+}
+
 INSTANTIATE_TEST_SUITE_P(Kernels, DecodeAttnCpu, ::testing::ValuesIn(kernels()),
                          [](const ::testing::TestParamInfo<NamedKernel>& i) { return i.param.name; });
 

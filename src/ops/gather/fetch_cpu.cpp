@@ -1,6 +1,7 @@
 // fetch_rows on the CPU (fetch.h): attention reads bf16 / FP8 / f32 host
 // entries in place; other formats are decoded by the CPU quantizer into the
-// row's scratch. The slot-cache statistics are those a GPU would see.
+// row's slot cache (the GPU's assignment), misses only. The hit/miss
+// statistics are those a GPU sees.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
