@@ -323,7 +323,10 @@ void Connection::after_response() {
 void Connection::watch_disconnect(std::function<void()> on_gone) {
   on_gone_ = std::move(on_gone);
   if (watching_ || closed_) return;
-  if (buffer_.size() >= 64 * 1024) return;  // enough pipelined bytes held; stop reading
+  // Bytes of a next (pipelined) request already held: the client is there,
+  // and after the response read_header parses them. A watch read now would
+  // wait for bytes that never come while they sit unparsed.
+  if (buffer_.size() > 0) return;
   watching_ = true;
   socket_.async_read_some(buffer_.prepare(4096), [self = shared_from_this()](beast::error_code ec, size_t n) {
     self->watching_ = false;
@@ -342,11 +345,9 @@ void Connection::watch_disconnect(std::function<void()> on_gone) {
       return;
     }
     self->buffer_.commit(n);
-    if (self->busy_) {
-      self->watch_disconnect(std::move(self->on_gone_));
-    } else {
-      self->read_header();  // the response ended while this read was in flight
-    }
+    // Busy: the next request began before this response ended; it waits in
+    // buffer_ for after_response (no further watch, see watch_disconnect).
+    if (!self->busy_) self->read_header();  // the response ended while this read was in flight
   });
 }
 

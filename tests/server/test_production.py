@@ -1,5 +1,6 @@
 """What a hostile or careless client meets, and what operators rely on:
 strict HTTP parsing (conflicting Content-Length, JSON Content-Type, 405),
+pipelined requests,
 header deadlines against slow clients, disconnected non-streaming clients
 that free their slot at once, request timeouts, bounded policy knobs, the API
 key, Prometheus /metrics read by prometheus_client's parser, /tokenize and
@@ -80,6 +81,37 @@ def test_strict_http_parsing(server):
     status, headers, _ = request(server, "DELETE", "/health")
     assert status == 405 and headers.get("Allow") == "GET"
     assert request(server, "GET", "/v2/nothing")[0] == 404
+
+
+def _streamed_completion(prompt):
+    body = json.dumps({"prompt": prompt, "max_tokens": 3, "stream": True}).encode()
+    return (b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body)) + body
+
+
+def test_pipelined_requests_on_one_connection_are_all_answered(server):
+    # HTTP/1.1 pipelining, and a client that sends its next request as soon
+    # as it has read the last chunk: the next request must be served whether
+    # its bytes came with the first one or while the first was being
+    # answered (it once sat unparsed until the 10 s header deadline closed
+    # the connection).
+    def read_until(s, n_responses, data=b""):
+        while data.count(b"\r\n0\r\n\r\n") < n_responses:
+            chunk = s.recv(65536)  # the socket timeout (5 s) is below the header deadline
+            assert chunk, f"closed after {data.count(b'HTTP/1.1 200')} of {n_responses} responses"
+            data += chunk
+        return data
+
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+        s.sendall(_streamed_completion("One") + _streamed_completion("Two") + _streamed_completion("Three"))
+        assert read_until(s, 3).count(b"HTTP/1.1 200 ") == 3
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+        s.sendall(_streamed_completion("Four"))
+        data = b""
+        while b"\r\n\r\n" not in data:  # the first response has begun
+            data += s.recv(65536)
+        s.sendall(_streamed_completion("Five"))
+        assert read_until(s, 2, data).count(b"HTTP/1.1 200 ") == 2
 
 
 def test_policy_knobs_are_bounded_by_the_context(server):
