@@ -58,6 +58,9 @@ std::string serialize_head(int status, const std::string& content_type,
   return out;
 }
 
+constexpr auto kLingerTime = std::chrono::milliseconds(2000);
+constexpr size_t kLingerBytes = 1u << 20;
+
 }  // namespace
 
 Connection::Connection(Strand strand, tcp::socket socket, std::shared_ptr<ConnectionContext> ctx)
@@ -84,6 +87,38 @@ void Connection::close() {
   socket_.close(ec);
   read_deadline_.cancel();
   write_deadline_.cancel();
+}
+
+void Connection::linger_close() {
+  if (closed_) return;
+  // Closing a socket whose receive queue holds unread bytes (the rest of an
+  // oversized header or of a refused body) sends a reset, and the client may
+  // lose the error response it was about to read. So, like nginx's
+  // lingering close: end our side, then read and drop what the client still
+  // sends until it ends its side, for at most kLingerTime and kLingerBytes.
+  beast::error_code ec;
+  socket_.shutdown(tcp::socket::shutdown_send, ec);
+  if (ec) {
+    close();
+    return;
+  }
+  read_deadline_.expires_after(kLingerTime);
+  read_deadline_.async_wait([self = shared_from_this()](beast::error_code e) {
+    if (!e) self->close();
+  });
+  lingered_ = 0;
+  drain_input();
+}
+
+void Connection::drain_input() {
+  socket_.async_read_some(net::buffer(sink_), [self = shared_from_this()](beast::error_code ec, size_t n) {
+    self->lingered_ += n;
+    if (ec || self->closed_ || self->lingered_ >= kLingerBytes) {
+      self->close();
+      return;
+    }
+    self->drain_input();
+  });
 }
 
 void Connection::arm_read_deadline(std::chrono::milliseconds d) {
@@ -304,8 +339,13 @@ void Connection::write_queued() {
 void Connection::after_response() {
   end_after_write_ = false;
   on_gone_ = nullptr;
-  if (close_after_write_ || closed_) {
-    close();
+  if (closed_) return;
+  if (close_after_write_) {
+    // A watch read still pending would race the drain; it ends on its own.
+    if (watching_)
+      close();
+    else
+      linger_close();
     return;
   }
   // The next request, unless a disconnect watch is still reading: it

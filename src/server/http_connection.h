@@ -14,6 +14,7 @@
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -103,6 +104,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
                     std::vector<std::pair<std::string, std::string>> extra_headers = {});
   void write_queued();
   void after_response();
+  void linger_close();
+  void drain_input();
   bool authorized(const Request& req) const;
 
   Strand strand_;
@@ -127,6 +130,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool streaming_ = false;
   bool close_after_write_ = false;
   bool end_after_write_ = false;  // the queued bytes end the current response
+  // Lingering close: input read and dropped after the last response.
+  std::array<char, 4096> sink_{};
+  size_t lingered_ = 0;
 };
 
 // Constant-time comparison (no early exit on the first differing byte).

@@ -1,6 +1,7 @@
 """What a hostile or careless client meets, and what operators rely on:
 strict HTTP parsing (conflicting Content-Length, JSON Content-Type, 405),
-pipelined requests,
+pipelined requests, refusals that
+reach a client still sending,
 header deadlines against slow clients, disconnected non-streaming clients
 that free their slot at once, request timeouts, bounded policy knobs, the API
 key, Prometheus /metrics read by prometheus_client's parser, /tokenize and
@@ -112,6 +113,29 @@ def test_pipelined_requests_on_one_connection_are_all_answered(server):
             data += s.recv(65536)
         s.sendall(_streamed_completion("Five"))
         assert read_until(s, 2, data).count(b"HTTP/1.1 200 ") == 2
+
+
+def test_refused_requests_with_unread_bytes_still_get_their_answer(server):
+    # The server refuses a header over its limit (431) and a body over its
+    # limit (413) before reading all of what the client sent. Closing with
+    # those bytes unread makes the kernel send a reset, and the client lost
+    # the answer (or saw "Transport endpoint is not connected" when it then
+    # half-closed). The server must drain what follows before it closes.
+    cases = [
+        (b"GET /" + b"a" * 40000 + b" HTTP/1.1\r\n\r\n" + b"b" * 200000, 431),
+        (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+         b"Content-Length: 99999999\r\n\r\n" + b"c" * 300000, 413),
+    ]
+    for payload, want in cases:
+        for _ in range(5):
+            with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+                s.sendall(payload)
+                s.shutdown(socket.SHUT_WR)
+                out = b""
+                while chunk := s.recv(65536):
+                    out += chunk
+            assert out.startswith(b"HTTP/1.1 %d " % want), out[:80]
+            assert b"Connection: close" in out
 
 
 def test_policy_knobs_are_bounded_by_the_context(server):
