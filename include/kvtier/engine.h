@@ -3,6 +3,7 @@
 // kvtier::Error (src/core/status.h) with a message for the user.
 #pragma once
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -141,6 +142,21 @@ class Engine {
   GenerationResult generate(const std::vector<int32_t>& prompt, const SamplingParams& sampling,
                             const std::string& kv_policy = "full",
                             const std::function<bool(const std::string&)>& on_piece = {});
+
+  // One step of each of several of this engine's sequences, together. Entry
+  // i holds what seqs[i]->step(&piece) would have returned, its piece, or
+  // the error that step threw (the others go on). On the CPU the sequences
+  // past their prompt share one forward pass: the weight products run over
+  // the batch (each weight read once per step, not once per sequence) and
+  // each sequence attends through its own KV cache and policy; every
+  // sequence gets the logits it gets alone. A sequence whose prompt is not
+  // yet run runs it alone, as step() does; on CUDA every sequence steps alone.
+  struct StepResult {
+    bool stepped = false;
+    std::string piece;
+    std::exception_ptr error;
+  };
+  std::vector<StepResult> step_batch(const std::vector<Sequence*>& seqs);
 
   // Full-sequence logits for tests: [n_tok, n_vocab] f32 (dense attention).
   std::vector<float> logits(const std::vector<int32_t>& tokens, const std::string& kv_policy = "full");

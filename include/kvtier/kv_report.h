@@ -20,6 +20,14 @@ struct KvStats {
   int64_t bytes_fetched = 0;     // host-tier bytes those reads moved (over PCIe on a GPU)
   // Share of selected rows that were already on the device (slot-cache hits).
   double hit_rate() const { return n_selected ? 1.0 - double(n_fetched) / double(n_selected) : 0.0; }
+  // Several sequences' counts together.
+  KvStats& operator+=(const KvStats& o) {
+    n_steps += o.n_steps;
+    n_selected += o.n_selected;
+    n_fetched += o.n_fetched;
+    bytes_fetched += o.bytes_fetched;
+    return *this;
+  }
 };
 
 }  // namespace kvtier

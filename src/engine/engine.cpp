@@ -36,6 +36,10 @@ struct Engine::Impl {
   int64_t max_context = 0;
   std::once_flag grammar_once;
   std::shared_ptr<GrammarVocab> grammar_vocab;
+  // Engine::step_batch's forward pass (CPU).
+  std::mutex batch_mu;
+  ForwardScratch batch_scratch;
+  std::vector<float> batch_logits;  // [n_seq, n_vocab]
 };
 
 struct Sequence::State {
@@ -132,6 +136,8 @@ bool mask_logits(Sequence::State& s, int n_vocab) {
   return any;
 }
 
+bool take_token(Sequence::State& s, std::string* piece, Clock::time_point t0);
+
 }  // namespace
 
 // ---- Sequence -------------------------------------------------------------
@@ -213,6 +219,16 @@ bool Sequence::step(std::string* piece) {
     forward(*s.engine, s.gpu.get(), s.scratch, &s.last_token, 1, s.n_past, *s.kv, 1, s.logits.data());
     s.n_past += 1;
   }
+  return take_token(s, piece, t0);
+}
+
+namespace {
+
+// After a forward pass left the next token's logits in s.logits: samples it,
+// applies the stop rules and hands out the text that is complete. t0: when
+// this step began (decode time).
+bool take_token(Sequence::State& s, std::string* piece, Clock::time_point t0) {
+  const int n_vocab = int(s.engine->model->config().n_vocab);
   auto finish = [&](const char* reason) {
     s.finished = true;
     s.result.finish_reason = reason;
@@ -275,6 +291,35 @@ bool Sequence::step(std::string* piece) {
   return true;
 }
 
+// One decode step of sequences past their prompt, in one CPU forward pass
+// (Model::forward_decode); each one's logits land in its s.logits.
+void decode_together(Engine::Impl& e, const std::vector<Sequence::State*>& seqs) {
+  const int n = int(seqs.size());
+  const size_t n_vocab = size_t(e.model->config().n_vocab);
+  std::vector<int32_t> tokens(size_t(n), 0);
+  std::vector<int64_t> pos(size_t(n), 0);
+  std::vector<KvCache*> kvs(size_t(n), nullptr);
+  for (int i = 0; i < n; ++i) {
+    tokens[size_t(i)] = seqs[size_t(i)]->last_token;
+    pos[size_t(i)] = seqs[size_t(i)]->n_past;
+    kvs[size_t(i)] = seqs[size_t(i)]->kv.get();
+  }
+  std::lock_guard lk(e.batch_mu);
+  if (e.batch_scratch.capacity < n) e.batch_scratch = e.model->make_scratch(int(matmul_decode_max_tokens()));
+  e.batch_logits.resize(size_t(n) * n_vocab);
+  const Exec& x = e.device().exec();
+  stage(x, "model");
+  e.model->forward_decode(tokens.data(), pos.data(), kvs.data(), n, e.batch_scratch, e.batch_logits.data());
+  stage_stop(x);
+  for (int i = 0; i < n; ++i) {
+    const float* row = e.batch_logits.data() + size_t(i) * n_vocab;
+    std::copy(row, row + n_vocab, seqs[size_t(i)]->logits.begin());
+    seqs[size_t(i)]->n_past += 1;
+  }
+}
+
+}  // namespace
+
 const GenerationResult& Sequence::run(const std::function<bool(const std::string&)>& on_piece) {
   std::string piece;
   while (step(&piece)) {
@@ -287,6 +332,56 @@ const GenerationResult& Sequence::run(const std::function<bool(const std::string
 }
 
 // ---- Engine ---------------------------------------------------------------
+
+std::vector<Engine::StepResult> Engine::step_batch(const std::vector<Sequence*>& seqs) {
+  Impl& e = *impl_;
+  std::vector<StepResult> out(seqs.size());
+  auto step_alone = [&](size_t i) {
+    try {
+      out[i].stepped = seqs[i]->step(&out[i].piece);
+    } catch (...) {
+      out[i].error = std::current_exception();
+    }
+  };
+  std::vector<size_t> batch;  // sequences that decode together
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const Sequence::State& s = *seqs[i]->s_;
+    KVT_CHECK(s.engine == &e, "step_batch: sequence {} belongs to another engine", i);
+    if (!e.gpu && s.prefilled && !s.finished) batch.push_back(i);
+    else step_alone(i);
+  }
+  // Batches the quantized decode products take whole (each row then equals its solo result).
+  const size_t most = size_t(matmul_decode_max_tokens());
+  for (size_t b0 = 0; b0 < batch.size(); b0 += most) {
+    const size_t b1 = std::min(batch.size(), b0 + most);
+    if (b1 - b0 == 1) {
+      step_alone(batch[b0]);
+      continue;
+    }
+    std::vector<Sequence::State*> states;
+    for (size_t j = b0; j < b1; ++j) states.push_back(seqs[batch[j]]->s_.get());
+    const auto t0 = Clock::now();
+    std::exception_ptr failed;
+    try {
+      decode_together(e, states);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    for (size_t j = b0; j < b1; ++j) {
+      StepResult& r = out[batch[j]];
+      if (failed) {
+        r.error = failed;
+        continue;
+      }
+      try {
+        r.stepped = take_token(*states[j - b0], &r.piece, t0);
+      } catch (...) {
+        r.error = std::current_exception();
+      }
+    }
+  }
+  return out;
+}
 
 Engine::~Engine() = default;
 

@@ -5,6 +5,7 @@
 // straight-line forward.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -60,8 +61,22 @@ class Model {
   // before the last).
   void forward(const int32_t* tokens, int n_tok, int64_t pos0, KvCache& kv, ForwardScratch& s,
                int n_logits, float* logits) const;
+  // One decode step of n_seq sequences together: tokens[i] at position
+  // pos[i], appended to and attending through kvs[i] (CPU caches; policies
+  // may differ). The weight products run over the batch, so each weight is
+  // read once for all of them; logits: [n_seq, n_vocab]. Row i equals what
+  // forward() gives sequence i alone while the batch takes the quantized
+  // decode products (n_seq < matmul_decode_max_tokens()).
+  void forward_decode(const int32_t* tokens, const int64_t* pos, KvCache* const* kvs, int n_seq,
+                      ForwardScratch& s, float* logits) const;
 
  private:
+  void check_cpu_cache(const KvCache& kv) const;
+  // Embeds tokens [n_tok] (positions in s.positions), runs every layer
+  // (attend(l) moves layer l's k/v into the cache(s) and fills s.att from
+  // s.q) and the head for the last n_logits tokens.
+  void run_layers(const int32_t* tokens, int n_tok, ForwardScratch& s, const std::function<void(int)>& attend,
+                  int n_logits, float* logits) const;
   WeightView view_matrix(const std::string& name);
   std::vector<float> load_vector(const std::string& name, int64_t expected);
   std::vector<float> maybe_vector(const std::string& name, int64_t expected);

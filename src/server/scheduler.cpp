@@ -264,7 +264,7 @@ void Scheduler::finish_active(Active& a, bool cancelled_by_server) {
 }
 
 // One round: every active sequence decodes one token (the first step of a new
-// one is its prompt prefill), in admission order.
+// one is its prompt prefill), all in one Engine::step_batch.
 void Scheduler::step_round(std::vector<Active>& active) {
   uint64_t round = 0;
   bool cancel_all = false;
@@ -273,26 +273,33 @@ void Scheduler::step_round(std::vector<Active>& active) {
     round = stats_.n_rounds++;
     cancel_all = cancel_all_;
   }
-  uint64_t n_new_tokens = 0;
+  // Cancelled sequences leave first; the others step together (one forward
+  // pass on the CPU for all that are past their prompt).
+  std::vector<Active*> running;
+  std::vector<Sequence*> seqs;
+  std::vector<size_t> n_before;
   for (auto& a : active) {
-    if (cancel_all) {
-      finish_active(a, true);
+    if (cancel_all || a.channel->cancelled()) {
+      finish_active(a, cancel_all);
       continue;
     }
-    if (a.channel->cancelled()) {
-      finish_active(a, false);
-      continue;
-    }
+    running.push_back(&a);
+    seqs.push_back(a.sequence.get());
+    n_before.push_back(a.sequence->result().tokens.size());
+  }
+  const std::vector<Engine::StepResult> results = engine_.step_batch(seqs);
+  uint64_t n_new_tokens = 0;
+  for (size_t i = 0; i < running.size(); ++i) {
+    Active& a = *running[i];
+    const Engine::StepResult& r = results[i];
     try {
-      std::string piece;
-      const size_t n_before = a.sequence->result().tokens.size();
-      const bool stepped = a.sequence->step(&piece);
+      if (r.error) std::rethrow_exception(r.error);
       const GenerationResult& res = a.sequence->result();
-      n_new_tokens += res.tokens.size() - n_before;
+      n_new_tokens += res.tokens.size() - n_before[i];
       std::vector<TokenLogprob> lps;
       for (size_t& k = a.channel->n_logprobs_pushed_; k < res.logprobs.size(); ++k) lps.push_back(res.logprobs[k]);
-      if (stepped) a.channel->push(piece, round, std::move(lps));
-      if (!stepped || a.sequence->finished()) finish_active(a, false);
+      if (r.stepped) a.channel->push(r.piece, round, std::move(lps));
+      if (!r.stepped || a.sequence->finished()) finish_active(a, false);
     } catch (const std::exception& e) {
       a.sequence.reset();
       std::lock_guard lk(mu_);

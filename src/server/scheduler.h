@@ -1,7 +1,8 @@
 // The server's scheduler: one engine worker thread owns every Sequence.
 // Requests wait in a bounded FIFO queue; the worker admits up to max_active of
 // them (and, with a host KV budget, only while their reserved host-tier bytes
-// fit) and steps the active ones round-robin, one token each per round, so
+// fit) and steps the active ones together, one token each per round (one
+// batched forward pass on the CPU: Engine::step_batch), so
 // that a long generation never starves a short one. Each request talks to its
 // HTTP handler through a Channel: text pieces flow out, a cancel flag flows in
 // (a client that went away), and the worker destroys a cancelled Sequence at

@@ -32,6 +32,23 @@ def test_perf_runs_every_length_and_policy_once_each():
     assert yakv40["host_kv_bytes"] > 0 and yakv40["gpu_kv_bytes"] < full40["gpu_kv_bytes"]
 
 
+def test_perf_batches_decode_several_sequences_together():
+    r = run("perf", "-m", TINY, "-t", "1", "-p", "32", "--kv", "yakv,budget=4,local=4", "-b", "1,3",
+            "-g", "4", "-r", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert [x["batch"] for x in rows] == [1, 3]
+    one, three = rows
+    # Three sequences hold three caches; each step decodes a token of each.
+    assert three["host_kv_bytes"] == 3 * one["host_kv_bytes"] > 0
+    assert three["selected_rows"] == 3 * one["selected_rows"] > 0
+    for x in rows:
+        assert x["decode_tok_s"] > 0
+        assert abs(x["ms_per_step"] - 1000 * x["batch"] / x["decode_tok_s"]) < 1e-6 * x["ms_per_step"]
+    r = run("perf", "-m", TINY, "-p", "16", "-b", "0", "-g", "3", "-r", "1")
+    assert r.returncode != 0 and "batch 0" in r.stderr
+
+
 def test_perf_refuses_bad_lengths_and_policies():
     r = run("perf", "-m", TINY, "-p", "0", "-g", "3", "-r", "1")
     assert r.returncode != 0 and "prompt length 0" in r.stderr

@@ -36,6 +36,11 @@ int blas_threads();
 // Types matmul runs natively; others must be converted at load (see model).
 bool matmul_supports(GgmlType type);
 
+// The most tokens one call takes on the quantized decode path (more go to
+// dequantize + sgemm, whose results differ in the last bits). Below it each
+// token's product is independent of the others in the call.
+int64_t matmul_decode_max_tokens();
+
 // x: [n_tok, n_in] f32, y: [n_tok, n_out] f32.
 void matmul(const WeightView& w, const float* x, int64_t n_tok, float* y, ThreadPool& pool);
 

@@ -1,8 +1,9 @@
 // Quantized decode matmul kernel, AVX2 (the x86-64-v3 baseline): int8 dot
-// products with vpmaddubsw + vpmaddwd, one weight row at a time (dot_rows
-// takes R rows sharing each activation load; see rows_typed for why R = 1).
+// products with vpmaddubsw + vpmaddwd, one weight row at a time against up
+// to 4 tokens (dot_tokens).
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "ops/matmul/matmul_kernels.h"
@@ -39,55 +40,77 @@ inline __m256i unpack_nibbles(const uint8_t* qs) {
   return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), mask), _mm_and_si128(raw, mask));
 }
 
-// out[i] = row i · x for R rows starting at w (row_bytes apart), one token.
-template <QType T, int R>
-void dot_rows(const uint8_t* w, size_t row_bytes, const int8_t* xq, const float* xd, const float* xs,
-              int64_t n_blk, float* out) {
-  __m256 acc[R];
-  float acc_m[R];
-  for (int i = 0; i < R; ++i) {
-    acc[i] = _mm256_setzero_ps();
-    acc_m[i] = 0.f;
+// out[t · out_stride] = row · token t for NT tokens (activations n_blk
+// blocks apart), unpacking each weight block once for all of them. Each
+// token's arithmetic is the same whatever NT, so a token's result does not
+// depend on its batch. (Interleaving rows instead, sharing each activation
+// load, measured equal on DRAM-streamed Q4_1 and 1.6-2x slower on the Q8_0
+// output matrix: Zen 3, 30 MB per token.)
+template <QType T, int NT>
+void dot_tokens(const uint8_t* row, const int8_t* xq, const float* xd, const float* xs, int64_t n_blk,
+                float* out, int64_t out_stride) {
+  const int64_t n_in = n_blk * kQK;
+  __m256 acc[NT];
+  float acc_m[NT];
+  for (int t = 0; t < NT; ++t) {
+    acc[t] = _mm256_setzero_ps();
+    acc_m[t] = 0.f;
   }
   for (int64_t b = 0; b < n_blk; ++b) {
-    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * kQK));
-    const float dx = xd[b];
-    for (int i = 0; i < R; ++i) {
-      const uint8_t* row = w + i * row_bytes;
-      __m256i p;
-      if constexpr (T == QType::q4_1) {
-        const uint8_t* blk = row + b * kQ4_1Bytes;
-        p = dot_u8s8(unpack_nibbles(blk + 4), x);
-        acc_m[i] += h2f(blk + 2) * xs[b];
-        acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(blk) * dx), _mm256_cvtepi32_ps(p), acc[i]);
-      } else {
-        // Signed × signed through the unsigned × signed instruction: |w| and
-        // x with w's sign.
-        const uint8_t* blk = row + b * (T == QType::q8_0 ? kQ8_0Bytes : kQ4_0Bytes);
-        const __m256i wq = T == QType::q8_0
-                               ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2))
-                               : _mm256_sub_epi8(unpack_nibbles(blk + 2), _mm256_set1_epi8(8));
-        p = dot_u8s8(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(x, wq));
-        acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(blk) * dx), _mm256_cvtepi32_ps(p), acc[i]);
+    if constexpr (T == QType::q4_1) {
+      const uint8_t* blk = row + b * kQ4_1Bytes;
+      const __m256i wq = unpack_nibbles(blk + 4);
+      const float d = h2f(blk), m = h2f(blk + 2);
+      for (int t = 0; t < NT; ++t) {
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * n_in + b * kQK));
+        const __m256i p = dot_u8s8(wq, x);
+        acc_m[t] += m * xs[t * n_blk + b];
+        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * xd[t * n_blk + b]), _mm256_cvtepi32_ps(p), acc[t]);
+      }
+    } else {
+      // Signed × signed through the unsigned × signed instruction: |w| and
+      // x with w's sign.
+      const uint8_t* blk = row + b * (T == QType::q8_0 ? kQ8_0Bytes : kQ4_0Bytes);
+      const __m256i wq = T == QType::q8_0 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2))
+                                          : _mm256_sub_epi8(unpack_nibbles(blk + 2), _mm256_set1_epi8(8));
+      const __m256i wabs = _mm256_sign_epi8(wq, wq);
+      const float d = h2f(blk);
+      for (int t = 0; t < NT; ++t) {
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * n_in + b * kQK));
+        const __m256i p = dot_u8s8(wabs, _mm256_sign_epi8(x, wq));
+        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * xd[t * n_blk + b]), _mm256_cvtepi32_ps(p), acc[t]);
       }
     }
   }
-  for (int i = 0; i < R; ++i) out[i] = hsum(acc[i]) + acc_m[i];
+  for (int t = 0; t < NT; ++t) out[t * out_stride] = hsum(acc[t]) + acc_m[t];
 }
 
 template <QType T>
 void rows_typed(const QWeights& w, const QActs& x, int64_t r0, int64_t r1, float* y) {
   const int64_t n_in = w.n_blk * kQK;
-  for (int64_t t = 0; t < x.n_tok; ++t) {
-    const int8_t* xq = x.q + t * n_in;
-    const float* xd = x.d + t * w.n_blk;
-    const float* xs = x.s ? x.s + t * w.n_blk : nullptr;
-    float* yt = y + t * w.n_out;
-    // One row at a time: interleaving 2 or 4 rows (sharing each activation
-    // load) measured equal on DRAM-streamed Q4_1 and 1.6-2x slower on the
-    // Q8_0 output matrix (Zen 3, 30 MB per token), so R stays 1.
-    for (int64_t r = r0; r < r1; ++r)
-      dot_rows<T, 1>(w.data + r * w.row_bytes, w.row_bytes, xq, xd, xs, w.n_blk, yt + r);
+  // Blocks of rows small enough to stay in L1/L2 while every token passes
+  // over them: a batch of decode tokens reads each weight from DRAM once,
+  // and each block of a row is unpacked once for up to 4 tokens.
+  const int64_t block = std::max<int64_t>(1, kRowBlockBytes / int64_t(w.row_bytes));
+  for (int64_t b0 = r0; b0 < r1; b0 += block) {
+    const int64_t b1 = std::min(r1, b0 + block);
+    for (int64_t t = 0; t < x.n_tok;) {
+      const int8_t* xq = x.q + t * n_in;
+      const float* xd = x.d + t * w.n_blk;
+      const float* xs = x.s ? x.s + t * w.n_blk : nullptr;
+      float* yt = y + t * w.n_out;
+      const int64_t nt = std::min<int64_t>(4, x.n_tok - t);
+      for (int64_t r = b0; r < b1; ++r) {
+        const uint8_t* row = w.data + r * w.row_bytes;
+        switch (nt) {
+          case 4: dot_tokens<T, 4>(row, xq, xd, xs, w.n_blk, yt + r, w.n_out); break;
+          case 3: dot_tokens<T, 3>(row, xq, xd, xs, w.n_blk, yt + r, w.n_out); break;
+          case 2: dot_tokens<T, 2>(row, xq, xd, xs, w.n_blk, yt + r, w.n_out); break;
+          default: dot_tokens<T, 1>(row, xq, xd, xs, w.n_blk, yt + r, w.n_out); break;
+        }
+      }
+      t += nt;
+    }
   }
 }
 

@@ -164,6 +164,8 @@ void matmul_quantized_with(RowsKernel kernel, const WeightView* const* ws, float
 
 }  // namespace matmul_kernels
 
+int64_t matmul_decode_max_tokens() { return kSgemmMinTokens - 1; }
+
 bool matmul_supports(GgmlType type) {
   return type == GgmlType::F32 || type == GgmlType::Q4_0 || type == GgmlType::Q4_1 ||
          type == GgmlType::Q8_0;

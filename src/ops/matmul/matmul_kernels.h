@@ -18,6 +18,9 @@ namespace kvtier::matmul_kernels {
 
 enum class QType { q8_0, q4_0, q4_1 };
 
+// Weight bytes a kernel takes at once before moving on to the next tokens.
+constexpr int64_t kRowBlockBytes = 32 * 1024;
+
 // A weight matrix [n_out, n_in] of 32-value blocks, rows row_bytes apart.
 struct QWeights {
   QType type = QType::q8_0;
@@ -36,7 +39,8 @@ struct QActs {
   int64_t n_tok = 0;
 };
 
-// y[t · n_out + r] = row r · token t, for rows [r0, r1) and every token.
+// y[t · n_out + r] = row r · token t, for rows [r0, r1) and every token
+// (each dot computed alone: the batch does not change a token's result).
 using RowsKernel = void (*)(const QWeights& w, const QActs& x, int64_t r0, int64_t r1, float* y);
 
 void rows_avx2(const QWeights& w, const QActs& x, int64_t r0, int64_t r1, float* y);
