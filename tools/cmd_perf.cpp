@@ -66,10 +66,12 @@ void perf(const PerfArgs& a) {
             seqs.push_back(engine->start(std::move(prompt), s, kv));
             all.push_back(seqs.back().get());
           }
-          // The first step runs each prompt (and takes the first token); the
-          // n_gen - 1 steps after it are the batch's decode forwards.
-          for (const auto& res : engine->step_batch(all))
-            if (res.error) std::rethrow_exception(res.error);
+          // The first steps run each prompt (and take the first token); the
+          // n_gen - 1 steps after them are the batch's decode forwards.
+          for (Sequence* q : all)
+            while (!q->prompt_done())
+              for (const auto& res : engine->step_batch({q}))
+                if (res.error) std::rethrow_exception(res.error);
           const auto t0 = std::chrono::steady_clock::now();
           for (int step = 1; step < a.n_gen; ++step)
             for (const auto& res : engine->step_batch(all))

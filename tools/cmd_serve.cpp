@@ -49,6 +49,9 @@ void serve(ServeArgs& a) {
     if (const char* k = std::getenv("KVTIER_API_KEY"); k && *k) a.server.api_key = k;
   }
 
+  // A prompt runs one --prefill-chunk per scheduler round, between the decode
+  // steps of the sequences already streaming.
+  a.engine.prefill_chunk_per_step = true;
   auto engine = load_engine(a.engine);
   server::HttpServer http(*engine, a.server);
   const int port = http.bind();

@@ -25,6 +25,11 @@ struct EngineOptions {
   std::string model_path;     // .gguf file or Hugging Face directory
   int n_threads = 0;          // 0: all hardware threads
   int prefill_chunk = 512;    // prompt tokens per forward pass (bounds memory)
+  // Sequence::step runs one prefill chunk per call until the prompt is done
+  // (the server: a long prompt that arrives does not stall the sequences
+  // already decoding for its whole prefill); false: the whole prompt and the
+  // first token in one call.
+  bool prefill_chunk_per_step = false;
   int64_t max_context = 0;    // 0: the model's training context
   int64_t host_kv_budget_bytes = 0;  // 0: unlimited; else longer contexts are refused
   // Where the forward pass runs: "cpu", or "cuda" (weights dequantized to bf16
@@ -92,8 +97,11 @@ class Sequence {
   // (doing nothing) once the sequence has finished; the call that finishes it
   // returns true with the last text. `piece` receives the newly completed text
   // (possibly empty while a UTF-8 character or a possible stop string is held back).
+  // With EngineOptions::prefill_chunk_per_step, a call runs one prompt chunk
+  // and returns true without a token until the prompt is done.
   bool step(std::string* piece);
   bool finished() const;
+  bool prompt_done() const;  // the prompt has run (the next step decodes)
   const GenerationResult& result() const;
   // Runs to completion, calling on_piece for every non-empty piece; a false
   // return from on_piece cancels.

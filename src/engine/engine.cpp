@@ -55,6 +55,7 @@ struct Sequence::State {
   std::unique_ptr<TokenConstraint> constraint;  // structured generation, or null
   std::vector<uint8_t> allowed;                 // [n_vocab] the constraint's mask
   int64_t n_past = 0;
+  int64_t n_prefilled = 0;  // prompt tokens run so far
   int32_t last_token = -1;
   bool prefilled = false;
   bool finished = false;
@@ -146,6 +147,7 @@ Sequence::Sequence(std::unique_ptr<State> s) : s_(std::move(s)) {}
 Sequence::~Sequence() = default;
 
 bool Sequence::finished() const { return s_->finished; }
+bool Sequence::prompt_done() const { return s_->prefilled; }
 const GenerationResult& Sequence::result() const { return s_->result; }
 KvCache& Sequence::cache() {
   KVT_CHECK(s_->kv, "the sequence was cancelled and its KV cache freed");
@@ -184,7 +186,7 @@ bool Sequence::step(std::string* piece) {
     const int64_t n = int64_t(s.prompt.size());
     std::vector<float> rows;  // [chunk, n_vocab] when scoring the prompt
     if (score_prompt) rows.resize(size_t(chunk) * size_t(n_vocab));
-    for (int64_t i = 0; i < n; i += chunk) {
+    for (int64_t i = s.n_prefilled; i < n; i += chunk) {
       const int n_tok = int(std::min<int64_t>(chunk, n - i));
       const bool last = i + n_tok == n;
       if (score_prompt) {
@@ -202,12 +204,17 @@ bool Sequence::step(std::string* piece) {
         forward(*s.engine, s.gpu.get(), s.scratch, &s.prompt[size_t(i)], n_tok, i, *s.kv, last ? 1 : 0,
                 s.logits.data());
       }
+      s.n_prefilled = i + n_tok;
       if (s.on_prefill_progress) s.on_prefill_progress(i + n_tok, n);
+      if (!last && s.engine->options.prefill_chunk_per_step) {
+        s.result.prefill_seconds += seconds_since(t0);
+        return true;  // the next call runs the next chunk
+      }
     }
     s.n_past = n;
     s.kv->start_decode();
     s.prefilled = true;
-    s.result.prefill_seconds = seconds_since(t0);
+    s.result.prefill_seconds += seconds_since(t0);
     t0 = Clock::now();
     if (s.sampling.max_new_tokens == 0) {  // only the prompt was to be scored
       s.finished = true;

@@ -298,7 +298,9 @@ void Scheduler::step_round(std::vector<Active>& active) {
       n_new_tokens += res.tokens.size() - n_before[i];
       std::vector<TokenLogprob> lps;
       for (size_t& k = a.channel->n_logprobs_pushed_; k < res.logprobs.size(); ++k) lps.push_back(res.logprobs[k]);
-      if (r.stepped) a.channel->push(r.piece, round, std::move(lps));
+      // A step that ran a prompt chunk but not yet the first token reports nothing.
+      if (r.stepped && (a.sequence->prompt_done() || a.sequence->finished()))
+        a.channel->push(r.piece, round, std::move(lps));
       if (!r.stepped || a.sequence->finished()) finish_active(a, false);
     } catch (const std::exception& e) {
       a.sequence.reset();

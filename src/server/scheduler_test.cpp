@@ -223,5 +223,45 @@ TEST_F(SchedulerTest, DrainCancelsWhatOutlivesTheGrace) {
   }
 }
 
+// With a prompt chunk per step (as `kvtier serve` runs), a long prompt that
+// arrives is prefilled over several rounds while the sequence already
+// streaming keeps its one token per round; both answers equal solo runs.
+TEST_F(SchedulerTest, LongPromptIsPrefilledBetweenTheStreamsSteps) {
+  EngineOptions o;
+  o.model_path = kModel;
+  o.n_threads = 2;
+  o.prefill_chunk = 32;
+  o.prefill_chunk_per_step = true;
+  auto e = Engine::load(o);
+  std::string long_text = "Inventory:";
+  for (int i = 0; i < 60; ++i) long_text += " item " + std::to_string(i) + ",";
+  Job streaming = job("Count: 1, 2, 3,", 40, true), long_prompt = job(long_text, 4, true);
+  long_prompt.prompt = e->tokenize(long_text, true);
+  const int64_t n_chunks = (int64_t(long_prompt.prompt.size()) + 31) / 32;
+  ASSERT_GE(n_chunks, 6);
+  const GenerationResult solo_a = e->generate(streaming.prompt, streaming.sampling);
+  const GenerationResult solo_b = e->generate(long_prompt.prompt, long_prompt.sampling);
+
+  Scheduler s(*e, {2, 8, 0});
+  auto a = s.submit(streaming);
+  ASSERT_TRUE(eventually([&] { return a->step_rounds().size() >= 2; }));
+  const uint64_t submitted = s.stats().n_rounds;
+  auto b = s.submit(long_prompt);
+  a->wait_finished();
+  b->wait_finished();
+  ASSERT_FALSE(a->error());
+  ASSERT_FALSE(b->error());
+  EXPECT_EQ(a->result().tokens, solo_a.tokens);
+  EXPECT_EQ(b->result().tokens, solo_b.tokens);
+  const auto ra = a->step_rounds(), rb = b->step_rounds();
+  ASSERT_EQ(rb.size(), 4u);  // no report for the rounds that only ran a prompt chunk
+  // B's first token came n_chunks rounds after its admission (≥ submitted).
+  EXPECT_GE(rb.front(), submitted + uint64_t(n_chunks) - 1);
+  // A stepped in every one of those rounds.
+  for (size_t k = 1; k < ra.size(); ++k) EXPECT_EQ(ra[k], ra[k - 1] + 1);
+  EXPECT_LE(ra.front(), submitted);
+  EXPECT_GE(ra.back(), rb.front());
+}
+
 }  // namespace
 }  // namespace kvtier::server
