@@ -1,6 +1,7 @@
 // Quantized decode matmul kernel, AVX-512 VNNI: two 32-value blocks per
 // 512-bit vector, each block's 32 int8 products summed by one vpdpbusd
-// (u8 × s8 → i32, no 16-bit saturation step), one weight row at a time.
+// (u8 × s8 → i32, no 16-bit saturation step), one weight row at a time
+// against up to 4 tokens (dot_tokens).
 // Compiled with its own target flags (src/ops/CMakeLists.txt); called only
 // where cpu_supports(CpuPath::avx512). Also built over SIMDe
 // (KVT_EMULATE_AVX512) so that machines without AVX-512 test it.
@@ -69,18 +70,6 @@ inline __m256i one_block(const uint8_t* p) {
 // Per-lane i32 sums of 4 products w·x; signed weights go through the
 // unsigned × signed instruction as |w| · (x with w's sign).
 template <QType T>
-inline __m512i dot512(__m512i w, __m512i x) {
-  if constexpr (T == QType::q4_1) {
-    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x);
-  } else {
-    if constexpr (T == QType::q4_0) w = _mm512_sub_epi8(w, _mm512_set1_epi8(8));
-    const __mmask64 neg = _mm512_movepi8_mask(w);
-    const __m512i xs = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
-    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(w), xs);
-  }
-}
-
-template <QType T>
 inline __m256i dot256(__m256i w, __m256i x) {
   if constexpr (T == QType::q4_1) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
@@ -95,62 +84,85 @@ constexpr int64_t block_bytes(QType T) {
 }
 constexpr int64_t quant_offset(QType T) { return T == QType::q4_1 ? 4 : 2; }
 
-// out[i] = row i · x for R rows starting at w (row_bytes apart), one token.
-template <QType T, int R>
-void dot_rows(const uint8_t* w, size_t row_bytes, const int8_t* xq, const float* xd, const float* xs,
-              int64_t n_blk, float* out) {
+// out[t · out_stride] = row · token t for NT tokens (activations n_blk
+// blocks apart). Each pair of weight blocks is unpacked, and its scales
+// spread over the vector's two halves, once for all NT tokens; a token's
+// block scales come pre-spread (QActs::d8, s8), so that a pair costs each
+// token one vpdpbusd, one multiply and one or two FMAs. Each token's
+// arithmetic is the same whatever NT, so a token's result does not depend on
+// its batch.
+template <QType T, int NT>
+void dot_tokens(const uint8_t* row, const QActs& x, int64_t t0, int64_t n_blk, float* out, int64_t out_stride) {
   constexpr int64_t kB = block_bytes(T), kOff = quant_offset(T);
-  __m512 acc[R];
-  __m256 acc1[R];
-  float acc_m[R];
-  for (int i = 0; i < R; ++i) {
-    acc[i] = _mm512_setzero_ps();
-    acc1[i] = _mm256_setzero_ps();
-    acc_m[i] = 0.f;
-  }
+  const int64_t n_in = n_blk * kQK;
+  const int8_t* xq = x.q + t0 * n_in;
+  const float* xd8 = x.d8 + t0 * n_blk * 8;
+  const float* xs8 = x.s8 ? x.s8 + t0 * n_blk * 8 : nullptr;
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
   int64_t b = 0;
   for (; b + 2 <= n_blk; b += 2) {
-    const __m512i x = _mm512_loadu_si512(xq + b * kQK);
-    for (int i = 0; i < R; ++i) {
-      const uint8_t* blk = w + i * row_bytes + b * kB;
-      const __m512i p = dot512<T>(two_blocks<T>(blk + kOff, blk + kB + kOff), x);
-      // lanes 0..7 hold block b, 8..15 block b + 1
-      const __m512 scale = _mm512_mask_blend_ps(__mmask16(0xff00), _mm512_set1_ps(h2f(blk) * xd[b]),
-                                                _mm512_set1_ps(h2f(blk + kB) * xd[b + 1]));
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scale, acc[i]);
-      if constexpr (T == QType::q4_1) acc_m[i] += h2f(blk + 2) * xs[b] + h2f(blk + kB + 2) * xs[b + 1];
+    const uint8_t* blk = row + b * kB;
+    __m512i w = two_blocks<T>(blk + kOff, blk + kB + kOff);
+    // lanes 0..7 hold block b, 8..15 block b + 1
+    const __m512 d = _mm512_mask_blend_ps(__mmask16(0xff00), _mm512_set1_ps(h2f(blk)), _mm512_set1_ps(h2f(blk + kB)));
+    __mmask64 neg = 0;
+    if constexpr (T != QType::q4_1) {
+      // Signed weights through the unsigned × signed instruction: |w| and x with w's sign.
+      if constexpr (T == QType::q4_0) w = _mm512_sub_epi8(w, _mm512_set1_epi8(8));
+      neg = _mm512_movepi8_mask(w);
+      w = _mm512_abs_epi8(w);
+    }
+    for (int t = 0; t < NT; ++t) {
+      __m512i xv = _mm512_loadu_si512(xq + t * n_in + b * kQK);
+      if constexpr (T != QType::q4_1) xv = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
+      const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, xv);
+      const __m512 scale = _mm512_mul_ps(d, _mm512_loadu_ps(xd8 + t * n_blk * 8 + b * 8));
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scale, acc[t]);
+    }
+    if constexpr (T == QType::q4_1) {
+      // Q4_1's offset term: m · Σx per block, spread over the block's 8 lanes (s8 = s / 8).
+      const __m512 m = _mm512_mask_blend_ps(__mmask16(0xff00), _mm512_set1_ps(h2f(blk + 2)),
+                                            _mm512_set1_ps(h2f(blk + kB + 2)));
+      for (int t = 0; t < NT; ++t) acc[t] = _mm512_fmadd_ps(m, _mm512_loadu_ps(xs8 + t * n_blk * 8 + b * 8), acc[t]);
     }
   }
+  float tail[NT] = {};
   if (b < n_blk) {
-    const __m256i x = load256(reinterpret_cast<const uint8_t*>(xq + b * kQK));
-    for (int i = 0; i < R; ++i) {
-      const uint8_t* blk = w + i * row_bytes + b * kB;
-      const __m256i p = dot256<T>(one_block<T>(blk + kOff), x);
-      acc1[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(h2f(blk) * xd[b]), acc1[i]);
-      if constexpr (T == QType::q4_1) acc_m[i] += h2f(blk + 2) * xs[b];
+    const uint8_t* blk = row + b * kB;
+    const __m256i w = one_block<T>(blk + kOff);
+    for (int t = 0; t < NT; ++t) {
+      const __m256i p = dot256<T>(w, load256(reinterpret_cast<const uint8_t*>(xq + t * n_in + b * kQK)));
+      tail[t] = hsum256(_mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(h2f(blk) * x.d[(t0 + t) * n_blk + b])));
+      if constexpr (T == QType::q4_1) tail[t] += h2f(blk + 2) * x.s[(t0 + t) * n_blk + b];
     }
   }
-  for (int i = 0; i < R; ++i) out[i] = hsum512(acc[i]) + hsum256(acc1[i]) + acc_m[i];
+  for (int t = 0; t < NT; ++t) out[t * out_stride] = hsum512(acc[t]) + tail[t];
 }
 
 template <QType T>
 void rows_typed(const QWeights& w, const QActs& x, int64_t r0, int64_t r1, float* y) {
-  const int64_t n_in = w.n_blk * kQK;
   // Blocks of rows small enough to stay in L1/L2 while every token passes
-  // over them: a batch of decode tokens reads each weight from DRAM once.
-  // One row at a time within a block: interleaving 2 or 4 rows (sharing each
-  // activation load) measured equal on DRAM-streamed Q4_1 and 1.6-2x slower
-  // on the Q8_0 output matrix (Zen 3, 30 MB per token), so R stays 1.
+  // over them: a batch of decode tokens reads each weight from DRAM once,
+  // and each pair of blocks of a row is unpacked once for up to 4 tokens.
+  // (Interleaving rows instead, sharing each activation load, measured equal
+  // on DRAM-streamed Q4_1 and 1.6-2x slower on the Q8_0 output matrix.)
   const int64_t block = std::max<int64_t>(1, kRowBlockBytes / int64_t(w.row_bytes));
   for (int64_t b0 = r0; b0 < r1; b0 += block) {
     const int64_t b1 = std::min(r1, b0 + block);
-    for (int64_t t = 0; t < x.n_tok; ++t) {
-      const int8_t* xq = x.q + t * n_in;
-      const float* xd = x.d + t * w.n_blk;
-      const float* xs = x.s ? x.s + t * w.n_blk : nullptr;
+    for (int64_t t = 0; t < x.n_tok;) {
+      const int64_t nt = std::min<int64_t>(4, x.n_tok - t);
       float* yt = y + t * w.n_out;
-      for (int64_t r = b0; r < b1; ++r)
-        dot_rows<T, 1>(w.data + r * w.row_bytes, w.row_bytes, xq, xd, xs, w.n_blk, yt + r);
+      for (int64_t r = b0; r < b1; ++r) {
+        const uint8_t* row = w.data + r * w.row_bytes;
+        switch (nt) {
+          case 4: dot_tokens<T, 4>(row, x, t, w.n_blk, yt + r, w.n_out); break;
+          case 3: dot_tokens<T, 3>(row, x, t, w.n_blk, yt + r, w.n_out); break;
+          case 2: dot_tokens<T, 2>(row, x, t, w.n_blk, yt + r, w.n_out); break;
+          default: dot_tokens<T, 1>(row, x, t, w.n_blk, yt + r, w.n_out); break;
+        }
+      }
+      t += nt;
     }
   }
 }
