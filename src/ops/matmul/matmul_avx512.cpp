@@ -87,19 +87,24 @@ constexpr int64_t quant_offset(QType T) { return T == QType::q4_1 ? 4 : 2; }
 // out[t · out_stride] = row · token t for NT tokens (activations n_blk
 // blocks apart). Each pair of weight blocks is unpacked, and its scales
 // spread over the vector's two halves, once for all NT tokens; a token's
-// block scales come pre-spread (QActs::d8, s8), so that a pair costs each
-// token one vpdpbusd, one multiply and one or two FMAs. Each token's
-// arithmetic is the same whatever NT, so a token's result does not depend on
-// its batch.
+// block scales come pre-spread (QActs::d8), so that a pair costs each token
+// one vpdpbusd, one multiply and one FMA (and Q4_1's scalar offset term).
+// Each token's arithmetic is the same whatever NT, so a token's result does
+// not depend on its batch, and it is that of the one-token kernel before.
 template <QType T, int NT>
 void dot_tokens(const uint8_t* row, const QActs& x, int64_t t0, int64_t n_blk, float* out, int64_t out_stride) {
   constexpr int64_t kB = block_bytes(T), kOff = quant_offset(T);
   const int64_t n_in = n_blk * kQK;
   const int8_t* xq = x.q + t0 * n_in;
+  const float* xd = x.d + t0 * n_blk;
+  const float* xs = x.s ? x.s + t0 * n_blk : nullptr;
   const float* xd8 = x.d8 + t0 * n_blk * 8;
-  const float* xs8 = x.s8 ? x.s8 + t0 * n_blk * 8 : nullptr;
   __m512 acc[NT];
-  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  float acc_m[NT];
+  for (int t = 0; t < NT; ++t) {
+    acc[t] = _mm512_setzero_ps();
+    acc_m[t] = 0.f;
+  }
   int64_t b = 0;
   for (; b + 2 <= n_blk; b += 2) {
     const uint8_t* blk = row + b * kB;
@@ -121,10 +126,9 @@ void dot_tokens(const uint8_t* row, const QActs& x, int64_t t0, int64_t n_blk, f
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scale, acc[t]);
     }
     if constexpr (T == QType::q4_1) {
-      // Q4_1's offset term: m · Σx per block, spread over the block's 8 lanes (s8 = s / 8).
-      const __m512 m = _mm512_mask_blend_ps(__mmask16(0xff00), _mm512_set1_ps(h2f(blk + 2)),
-                                            _mm512_set1_ps(h2f(blk + kB + 2)));
-      for (int t = 0; t < NT; ++t) acc[t] = _mm512_fmadd_ps(m, _mm512_loadu_ps(xs8 + t * n_blk * 8 + b * 8), acc[t]);
+      // Q4_1's offset term m · Σx, per block (the order of the one-token kernel this replaced).
+      const float m0 = h2f(blk + 2), m1 = h2f(blk + kB + 2);
+      for (int t = 0; t < NT; ++t) acc_m[t] += m0 * xs[t * n_blk + b] + m1 * xs[t * n_blk + b + 1];
     }
   }
   float tail[NT] = {};
@@ -133,11 +137,11 @@ void dot_tokens(const uint8_t* row, const QActs& x, int64_t t0, int64_t n_blk, f
     const __m256i w = one_block<T>(blk + kOff);
     for (int t = 0; t < NT; ++t) {
       const __m256i p = dot256<T>(w, load256(reinterpret_cast<const uint8_t*>(xq + t * n_in + b * kQK)));
-      tail[t] = hsum256(_mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(h2f(blk) * x.d[(t0 + t) * n_blk + b])));
-      if constexpr (T == QType::q4_1) tail[t] += h2f(blk + 2) * x.s[(t0 + t) * n_blk + b];
+      tail[t] = hsum256(_mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(h2f(blk) * xd[t * n_blk + b])));
+      if constexpr (T == QType::q4_1) acc_m[t] += h2f(blk + 2) * xs[t * n_blk + b];
     }
   }
-  for (int t = 0; t < NT; ++t) out[t * out_stride] = hsum512(acc[t]) + tail[t];
+  for (int t = 0; t < NT; ++t) out[t * out_stride] = hsum512(acc[t]) + tail[t] + acc_m[t];
 }
 
 template <QType T>

@@ -136,20 +136,15 @@ void matmul_quantized_with(RowsKernel kernel, const WeightView* const* ws, float
   s.resize(size_t(n_tok * n_blk));
   for (int64_t t = 0; t < n_tok; ++t)
     quantize_activations(x + t * n_in, n_in, q.data() + t * n_in, d.data() + t * n_blk, s.data() + t * n_blk);
-  thread_local std::vector<float> d8, s8;
+  thread_local std::vector<float> d8;
   d8.resize(size_t(n_tok * n_blk * 8));
-  s8.resize(d8.size());
   for (int64_t i = 0; i < n_tok * n_blk; ++i)
-    for (int k = 0; k < 8; ++k) {
-      d8[size_t(i * 8 + k)] = d[size_t(i)];
-      s8[size_t(i * 8 + k)] = s[size_t(i)] * 0.125f;  // exact: a power of two
-    }
+    for (int k = 0; k < 8; ++k) d8[size_t(i * 8 + k)] = d[size_t(i)];
   QActs qa;
   qa.q = q.data();
   qa.d = d.data();
   qa.s = s.data();
   qa.d8 = d8.data();
-  qa.s8 = s8.data();
   qa.n_tok = n_tok;
   constexpr int kMaxGroup = 8;
   KVT_CHECK(n >= 1 && n <= kMaxGroup, "matmul_group: {} matrices (1..{})", n, kMaxGroup);

@@ -36,10 +36,9 @@ struct QActs {
   const int8_t* q = nullptr;  // [n_tok, n_blk · 32]
   const float* d = nullptr;   // [n_tok, n_blk]
   const float* s = nullptr;   // [n_tok, n_blk] d · Σq rounded through f16 (Q8_1, for Q4_1's m term)
-  // The same spread for 8-lane block groups (the AVX-512 kernel's two blocks
-  // per vector): d8[t, b · 8 + k] = d[t, b], s8[t, b · 8 + k] = s[t, b] / 8.
+  // d spread for 8-lane block groups (the AVX-512 kernel's two blocks per
+  // vector): d8[t, b · 8 + k] = d[t, b].
   const float* d8 = nullptr;  // [n_tok, n_blk · 8]
-  const float* s8 = nullptr;  // [n_tok, n_blk · 8]
   int64_t n_tok = 0;
 };
 
