@@ -2,13 +2,16 @@
 // all past their prompt) produce exactly what each produces alone — tokens
 // and log-probabilities — with different prompts, lengths and policies in one
 // batch, sequences joining and leaving mid-batch, more sequences than one
-// forward pass takes, and a sampled sequence beside greedy ones.
+// forward pass takes, and a sampled sequence beside greedy ones; and
+// `kvtier bench --batch` records what it records one sample at a time.
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "bench/bench_runner.h"
 #include "kvtier/engine.h"
 
 namespace kvtier {
@@ -137,6 +140,50 @@ TEST(EngineBatch, ErrorsStayWithTheirSequence) {
   EXPECT_FALSE(r[1].stepped);
   EXPECT_FALSE(r[0].error);
   EXPECT_FALSE(r[1].error);
+}
+
+TEST(EngineBatch, BenchBatchRecordsWhatOneAtATimeRecords) {
+  EngineOptions o;
+  o.model_path = k_root + "/models/kvtier-longctx-19m";
+  o.n_threads = 2;
+  auto e = Engine::load(o);
+  auto run = [&](int batch) {
+    const auto out = (std::filesystem::temp_directory_path() / ("kvt_bench_batch" + std::to_string(batch) + ".jsonl"))
+                         .string();
+    std::filesystem::remove(out);
+    bench::BenchConfig c;
+    c.tasks = {"niah_single"};
+    c.policies = {"full", "yakv"};
+    c.ctx = {512};
+    c.n_samples = 3;
+    c.sampling.max_new_tokens = 12;
+    c.output = out;
+    c.data_root = k_root + "/data";
+    c.progress = false;
+    c.fidelity = false;
+    c.batch = batch;
+    std::map<std::string, nlohmann::json> by_key;
+    for (auto& r : bench::run_bench(*e, c)) by_key[bench::record_key(r)] = r;
+    std::filesystem::remove(out);
+    return by_key;
+  };
+  const auto one = run(1), four = run(4);
+  ASSERT_EQ(one.size(), 6u);
+  ASSERT_EQ(four.size(), one.size());
+  for (const auto& [key, r] : one) {
+    ASSERT_TRUE(four.count(key)) << r.dump();
+    const auto& b = four.at(key);
+    EXPECT_EQ(b["prediction"], r["prediction"]) << r.dump();
+    EXPECT_EQ(b["n_new_tokens"], r["n_new_tokens"]);
+    EXPECT_EQ(b["score"], r["score"]);
+    EXPECT_EQ(b["host_bytes"], r["host_bytes"]);
+  }
+  bench::BenchConfig bad;
+  bad.tasks = {"niah_single"};
+  bad.policies = {"full"};
+  bad.output = "/tmp/unused.jsonl";
+  bad.batch = 0;
+  EXPECT_THROW(bench::run_bench(*e, bad), Error);
 }
 
 }  // namespace

@@ -34,6 +34,7 @@ struct BenchArgs {
   std::string fidelity = "on";
   bool no_progress = false;
   bool report_only = false;
+  int batch = 1;
 };
 
 // "4096", "4k" (= 4096) or "8K".
@@ -72,6 +73,7 @@ void bench_cmd(BenchArgs& a) {
   c.data_root = a.data;
   c.text2json_file = a.text2json_file;
   c.progress = !a.no_progress;
+  c.batch = a.batch;
   c.generate = a.fidelity != "only";
   c.fidelity = a.fidelity != "off";
   std::vector<nlohmann::json> records;
@@ -121,6 +123,11 @@ Registration reg(70, [](CLI::App& app) {
                   "teacher-forced fidelity to full attention (answer NLL, top-1 agreement, KL): on | off | only "
                   "(only: no generation, no task score)")
       ->check(CLI::IsMember({"on", "off", "only"}))
+      ->capture_default_str();
+  cmd->add_option("-b,--batch", a->batch,
+                  "generations that decode together, one forward pass per step on the CPU (each gets the "
+                  "tokens it gets alone)")
+      ->check(CLI::Range(1, 4096))
       ->capture_default_str();
   cmd->add_flag("--no-progress", a->no_progress, "no progress bar on stderr");
   cmd->add_flag("--report-only", a->report_only, "run nothing: summarize (and plot) the records already in -o");

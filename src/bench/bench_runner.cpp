@@ -5,7 +5,10 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <algorithm>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <set>
 
 #include "bench/bench_text.h"
@@ -148,12 +151,61 @@ void run_fidelity(Engine& engine, SampleWork& w, const std::string& policy, json
   }
 }
 
+// One (sample, policy) pair to run; gen or error is filled by its generation.
+struct Item {
+  int64_t sample = 0;
+  std::string policy;
+  json probe;  // the record's key fields
+  std::optional<GenerationResult> gen;
+  std::string error;  // a LimitError's message (the sample does not fit)
+};
+
+// Greedy generation of items [w0, w1) together: their sequences decode in
+// one Engine::step_batch per step (one forward pass on the CPU), each with
+// the tokens it gets alone. A sample too long for the context records its
+// error; any other failure stops the run.
+template <class WorkOf>
+void generate_together(Engine& engine, const SamplingParams& sampling, std::vector<Item>& items, size_t w0,
+                       size_t w1, WorkOf& work_of) {
+  std::vector<std::unique_ptr<Sequence>> seqs(w1 - w0);
+  for (size_t k = w0; k < w1; ++k) {
+    try {
+      seqs[k - w0] = engine.start(work_of(items[k].sample).prompt, sampling, items[k].policy);
+    } catch (const LimitError& e) {
+      items[k].error = e.what();
+    }
+  }
+  for (;;) {
+    std::vector<Sequence*> running;
+    std::vector<size_t> which;
+    for (size_t j = 0; j < seqs.size(); ++j)
+      if (seqs[j] && !seqs[j]->finished()) {
+        running.push_back(seqs[j].get());
+        which.push_back(j);
+      }
+    if (running.empty()) break;
+    const auto results = engine.step_batch(running);
+    for (size_t r = 0; r < results.size(); ++r) {
+      if (!results[r].error) continue;
+      try {
+        std::rethrow_exception(results[r].error);
+      } catch (const LimitError& e) {
+        items[w0 + which[r]].error = e.what();
+        seqs[which[r]].reset();
+      }
+    }
+  }
+  for (size_t j = 0; j < seqs.size(); ++j)
+    if (seqs[j]) items[w0 + j].gen = seqs[j]->result();
+}
+
 }  // namespace
 
 std::vector<json> run_bench(Engine& engine, const BenchConfig& c) {
   KVT_CHECK(!c.tasks.empty() && !c.policies.empty(), "bench: need at least one --task and one --kv");
   KVT_CHECK(!c.output.empty(), "bench: need an output file (-o)");
   KVT_CHECK(c.generate || c.fidelity, "bench: nothing to measure (neither generation nor fidelity)");
+  KVT_CHECK(c.batch >= 1, "bench: --batch must be ≥ 1, got {}", c.batch);
   std::vector<json> records = read_bench_records(c.output);
   std::set<std::string> done;
   for (const auto& r : records) done.insert(record_key(r));
@@ -186,13 +238,13 @@ std::vector<json> run_bench(Engine& engine, const BenchConfig& c) {
   for (const auto& task : c.tasks) {
     const std::string family = score_family(task);
     for (int64_t ctx : ctx_list(task)) {
-      // Samples are built only when one of them still has work to do.
+      // The (sample, policy) pairs still to run, sample by sample. Samples
+      // are built only when one of them still has work to do.
       std::vector<BenchSample> samples;
       bool built = false;
+      std::vector<Item> items;
       for (int64_t i = 0; i < c.n_samples; ++i) {
-        SampleWork work;
         for (const auto& policy : c.policies) {
-          bar.update(n_done, fmt::format("{} {} #{} {}", task, ctx, i, policy));
           if (!built) {
             samples = make_samples(task, ctx, c.n_samples, c.seed, src);
             built = true;
@@ -207,16 +259,40 @@ std::vector<json> run_bench(Engine& engine, const BenchConfig& c) {
             ++n_done;
             continue;
           }
-          if (work.prompt.empty()) {
-            work.prompt = engine.tokenize(engine.chat_prompt({{"user", s.prompt}}) + s.answer_prefix, true);
-            if (!s.reference.empty()) work.answer = training_ids(tok, s).answer;
-          }
-          json rec = probe;
+          items.push_back(Item{i, policy, std::move(probe), {}, {}});
+        }
+      }
+      // Each sample's prompt (and fidelity reference) lives while one of its
+      // items is still to run.
+      std::map<int64_t, SampleWork> works;
+      std::map<int64_t, int> remaining;
+      for (const Item& it : items) ++remaining[it.sample];
+      auto work_of = [&](int64_t i) -> SampleWork& {
+        SampleWork& w = works[i];
+        if (w.prompt.empty()) {
+          const BenchSample& s = samples[static_cast<size_t>(i)];
+          w.prompt = engine.tokenize(engine.chat_prompt({{"user", s.prompt}}) + s.answer_prefix, true);
+          if (!s.reference.empty()) w.answer = training_ids(tok, s).answer;
+        }
+        return w;
+      };
+      const size_t wave = static_cast<size_t>(std::max(1, c.batch));
+      for (size_t w0 = 0; w0 < items.size(); w0 += wave) {
+        const size_t w1 = std::min(items.size(), w0 + wave);
+        bar.update(n_done, fmt::format("{} {} #{} {}{}", task, ctx, items[w0].sample, items[w0].policy,
+                                       w1 - w0 > 1 ? fmt::format(" (+{} together)", w1 - w0 - 1) : ""));
+        if (c.generate) generate_together(engine, c.sampling, items, w0, w1, work_of);
+        for (size_t k = w0; k < w1; ++k) {
+          Item& it = items[k];
+          const BenchSample& s = samples[static_cast<size_t>(it.sample)];
+          SampleWork& work = work_of(it.sample);
+          json rec = std::move(it.probe);
           rec["model"] = engine.model_name();
           rec["context_tokens"] = static_cast<int64_t>(work.prompt.size());
           try {
-            if (c.generate) {
-              const GenerationResult g = engine.generate(work.prompt, c.sampling, policy);
+            if (!it.error.empty()) throw LimitError(it.error);
+            if (it.gen) {
+              const GenerationResult& g = *it.gen;
               const SampleScore sc = score_prediction(family, g.text, s.gold);
               rec["prediction"] = g.text;
               rec["score"] = 100.0 * sc.score;
@@ -230,7 +306,7 @@ std::vector<json> run_bench(Engine& engine, const BenchConfig& c) {
               rec["kv_policy"] = g.kv_policy;
             }
             if (c.fidelity && !work.answer.empty()) {
-              run_fidelity(engine, work, policy, rec);
+              run_fidelity(engine, work, it.policy, rec);
               // Without generation a sample that does not fit has nothing left to count.
               if (!c.generate && rec.contains("fidelity_error")) rec["excluded"] = true;
             }
@@ -245,6 +321,8 @@ std::vector<json> run_bench(Engine& engine, const BenchConfig& c) {
           KVT_CHECK(out.good(), "bench: writing '{}' failed", c.output);
           done.insert(record_key(rec));
           records.push_back(std::move(rec));
+          it.gen.reset();
+          if (--remaining[it.sample] == 0) works.erase(it.sample);
           ++n_done;
         }
       }

@@ -30,6 +30,9 @@ struct BenchConfig {
   // answer_token_acc, top1_agree_full, kl_full per record. Full attention's
   // pass over each sample's reference answer is run once and shared by its policies.
   bool fidelity = true;
+  // Generations that decode together (Engine::step_batch: one forward pass
+  // per step on the CPU); each gets the tokens it gets alone.
+  int batch = 1;
 };
 
 // Resume key of a record: task, id, policy, ctx.

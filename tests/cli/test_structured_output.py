@@ -31,12 +31,26 @@ def test_json_schema_answer_validates():
 
 
 @needs_model
-def test_json_object_answer_is_an_object():
+def test_json_object_answers_are_objects():
     # A 135M model can loop inside an object (a key repeated until -n runs
-    # out): the prompt names the keys, and -n leaves room to close it.
-    r = run("--json", "-p", "Describe a cat as a JSON object with the keys name, colour and age.", "-n", "200")
-    assert r.returncode == 0, r.stderr
-    assert isinstance(json.loads(r.stdout), dict)
+    # out), and whether its greedy answer does depends on float rounding
+    # (the sanitized build's greedy answer loops where the release build's
+    # closes). So: the greedy answer and four sampled ones; every answer that
+    # ends on its own parses as an object, one cut by -n is the start of one,
+    # and most end on their own.
+    prompt = "Describe a cat as a JSON object with the keys name, colour and age."
+    ended = 0
+    for args in (["--temp", "0"], *(["--temp", "0.7", "--seed", str(s)] for s in range(4))):
+        r = subprocess.run([KVTIER, "run", "-t", "2", "--json", "-p", prompt, "-n", "200", *args],
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.lstrip().startswith("{"), r.stdout
+        if "finish: stop" in r.stderr:
+            assert isinstance(json.loads(r.stdout), dict), r.stdout
+            ended += 1
+        else:
+            assert "finish: length" in r.stderr, r.stderr
+    assert ended >= 3
 
 
 @pytest.mark.parametrize("schema,message", [
