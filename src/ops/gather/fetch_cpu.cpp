@@ -54,17 +54,21 @@ int64_t assign_slots(const int32_t* now, int k, int32_t* prev_sel, int32_t* prev
                      std::vector<int32_t>* miss) {
   // A selected token the last step held keeps its slot; the misses take the
   // free slots in ascending order, in selection order (the CUDA assignment).
-  std::vector<uint8_t> used(size_t(k), 0);
+  // Both selections ascend, so one merge finds the tokens held.
+  thread_local std::vector<uint8_t> used;
+  used.assign(size_t(k), 0);
   int64_t n_sel = 0;
   miss->clear();
+  int i = 0;
+  while (i < k && prev_sel[i] < 0) ++i;
   for (int j = 0; j < k; ++j) {
     const int32_t t = now[j];
     slot_of[j] = -1;
     if (t < 0) continue;
     ++n_sel;
-    const int32_t* at = std::lower_bound(prev_sel, prev_sel + k, t);
-    if (at != prev_sel + k && *at == t) {
-      slot_of[j] = prev_slot[at - prev_sel];
+    while (i < k && prev_sel[i] < t) ++i;
+    if (i < k && prev_sel[i] == t) {
+      slot_of[j] = prev_slot[i];
       used[size_t(slot_of[j])] = 1;
     } else {
       miss->push_back(j);
@@ -173,27 +177,22 @@ void fetch_rows_cpu(const FetchParams& p, const int32_t* sel, const FetchRows& r
   }
   // Per row: (selected, decoded). Only misses are decoded. cache=all: slot
   // = token, held tokens marked in a bitmap. Otherwise the row's kslots
-  // slots persist across steps as on the GPU (assign_slots).
+  // slots persist across steps as on the GPU (assign_slots). The rows'
+  // misses are listed first, then decoded over the threads: a batch of one
+  // has only a few rows (KV heads) to split.
   std::vector<int64_t> read(size_t(2 * n_rows), 0);
-  default_pool().parallel_for(n_rows, 1, [&](int64_t r0, int64_t r1, int) {
-    std::vector<float> kbuf, vbuf;
-    std::vector<int32_t> miss;
-    for (int64_t row = r0; row < r1; ++row) {
-      const int s = int(row / H), h = int(row % H);
-      uint8_t* out = r.slots[row];
-      int32_t* slot_of = r.slot_of + row * K;
-      const int32_t* now = sel + row * K;
-      auto* held = all(s) ? reinterpret_cast<uint32_t*>(r.prev_sel[row]) : nullptr;
-      if (!held) {
-        const int ks = r.kslots[s];
-        std::fill(slot_of, slot_of + (K - ks), -1);
-        read[size_t(2 * row)] = assign_slots(now + (K - ks), ks, r.prev_sel[row], r.prev_slot[row],
-                                             slot_of + (K - ks), &miss);
-        read[size_t(2 * row + 1)] = int64_t(miss.size());
-        for (const int32_t j : miss)
-          decode_token(p, r, s, h, now[K - ks + j], out + int64_t(slot_of[K - ks + j]) * p.slot_bytes, kbuf, vbuf);
-        continue;
-      }
+  struct Miss {
+    int32_t row, t;
+    uint8_t* slot;
+  };
+  std::vector<Miss> misses;
+  std::vector<int32_t> miss;
+  for (int64_t row = 0; row < n_rows; ++row) {
+    const int s = int(row / H);
+    uint8_t* out = r.slots[row];
+    int32_t* slot_of = r.slot_of + row * K;
+    const int32_t* now = sel + row * K;
+    if (auto* held = all(s) ? reinterpret_cast<uint32_t*>(r.prev_sel[row]) : nullptr) {
       for (int j = 0; j < K; ++j) {
         const int32_t t = now[j];
         slot_of[j] = t;
@@ -203,8 +202,23 @@ void fetch_rows_cpu(const FetchParams& p, const int32_t* sel, const FetchRows& r
         if (held[t >> 5] & bit) continue;
         held[t >> 5] |= bit;
         ++read[size_t(2 * row + 1)];
-        decode_token(p, r, s, h, t, out + int64_t(t) * p.slot_bytes, kbuf, vbuf);
+        misses.push_back({int32_t(row), t, out + int64_t(t) * p.slot_bytes});
       }
+      continue;
+    }
+    const int ks = r.kslots[s];
+    std::fill(slot_of, slot_of + (K - ks), -1);
+    read[size_t(2 * row)] =
+        assign_slots(now + (K - ks), ks, r.prev_sel[row], r.prev_slot[row], slot_of + (K - ks), &miss);
+    read[size_t(2 * row + 1)] = int64_t(miss.size());
+    for (const int32_t j : miss)
+      misses.push_back({int32_t(row), now[K - ks + j], out + int64_t(slot_of[K - ks + j]) * p.slot_bytes});
+  }
+  default_pool().parallel_for(int64_t(misses.size()), 8, [&](int64_t m0, int64_t m1, int) {
+    std::vector<float> kbuf, vbuf;
+    for (int64_t m = m0; m < m1; ++m) {
+      const Miss& x = misses[size_t(m)];
+      decode_token(p, r, x.row / H, x.row % H, x.t, x.slot, kbuf, vbuf);
     }
   });
   for (int64_t row = 0; row < n_rows && r.counters; ++row) {

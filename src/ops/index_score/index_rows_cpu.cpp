@@ -4,9 +4,11 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <numeric>
 #include <vector>
 
 #include "core/half.h"
@@ -84,7 +86,7 @@ void score_rows_cpu(const ScoreRowsParams& p, const float* q, const uint8_t* con
   const int64_t want = (2 * int64_t(pool.n_threads()) + n_rows - 1) / std::max<int64_t>(n_rows, 1);
   const int64_t n_block = std::max<int64_t>(1, std::min(want, n_max / kMinBlock));
   pool.parallel_for(n_rows * n_block, 1, [&](int64_t j0, int64_t j1, int) {
-    std::vector<float> meta, tmp;  // [n_q, n_meta], [n_q, block]
+    std::vector<float> meta;  // [n_q, n_meta]
     for (int64_t job = j0; job < j1; ++job) {
       const int64_t r = job / n_block, b = job % n_block;
       const StepRanges& sr = ranges[r / H];
@@ -105,15 +107,10 @@ void score_rows_cpu(const ScoreRowsParams& p, const float* q, const uint8_t* con
       sp.dim = D;
       sp.codes = plane0[r] + c0 * p.fmt.bytes;
       sp.n_vec = n;
-      if (p.n_q == 1) {
-        sp.scores = out;
-        score(fmt, sp);
-      } else {  // [n_q, n] scores land out_stride apart
-        tmp.resize(size_t(p.n_q) * n);
-        sp.scores = tmp.data();
-        score(fmt, sp);
-        for (int j = 0; j < p.n_q; ++j) std::copy_n(tmp.data() + j * n, n, out + j * p.out_stride);
-      }
+      sp.scores = out;  // [n_q, n] scores, out_stride apart
+      sp.score_stride = p.out_stride;
+      score(fmt, sp);
+      sp.score_stride = 0;
       if (p.layout == IndexRecLayout::residual) {
         const int64_t u0 = c0 / p.m, u1 = (c0 + n + p.m - 1) / p.m;
         meta.resize(size_t(p.n_q) * (u1 - u0));
@@ -214,26 +211,79 @@ void mask_rows_cpu(int64_t n_rows, int n_kv_head, int64_t stride, int n_forced, 
   }
 }
 
+namespace {
+
+// Order keys of 8 scores (topk_order_key), biased by 2³¹ so that signed
+// compares order them as unsigned keys.
+inline __m256i biased_keys8(const float* s) {
+  const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s));
+  return _mm256_xor_si256(u, _mm256_srli_epi32(_mm256_srai_epi32(u, 31), 1));
+}
+
+// The k best of the n scores s[0, n) by (order key, lower index), written
+// as positions ascending to sel[0, k). A strided sample of the keys bounds
+// the k-th key from below; only the candidates at or above that bound (a
+// few k) take part in the exact selection, so the result is the one a full
+// nth_element gives. A bound that leaves fewer than k candidates falls
+// back to all n.
+void top_k_positions(const float* s, int64_t n, int64_t k, int32_t* sel, std::vector<uint32_t>& pos,
+                     std::vector<uint64_t>& keyed, std::vector<uint64_t>& work) {
+  if (k <= 0) return;
+  auto keyed_of = [&](int64_t i) { return uint64_t(topk_order_key(s[i])) << 32 | uint32_t(0xffffffffu - uint32_t(i)); };
+  pos.clear();
+  keyed.clear();
+  constexpr int64_t kSample = 256;
+  if (n >= 8 * kSample && k * 16 <= n) {
+    uint32_t sample[kSample];
+    for (int64_t j = 0; j < kSample; ++j) sample[j] = topk_order_key(s[j * n / kSample]);
+    // The (r+1)-th largest sampled key: about (r+1)/kSample of the row lies
+    // at or above it, r chosen for ~1.25 k of n plus a margin.
+    const int64_t r = std::min<int64_t>(kSample - 1, (k * kSample * 5 + 4 * n - 1) / (4 * n) + 8);
+    std::nth_element(sample, sample + r, sample + kSample, std::greater<uint32_t>());
+    const __m256i bound = _mm256_set1_epi32(int32_t(sample[r] ^ 0x80000000u));
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      uint32_t below = uint32_t(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(bound, biased_keys8(s + i)))));
+      for (uint32_t at = ~below & 0xffu; at; at &= at - 1) pos.push_back(uint32_t(i + std::countr_zero(at)));
+    }
+    for (; i < n; ++i)
+      if (topk_order_key(s[i]) >= sample[r]) pos.push_back(uint32_t(i));
+  }
+  if (int64_t(pos.size()) < k) {
+    pos.resize(size_t(n));
+    std::iota(pos.begin(), pos.end(), 0u);
+  }
+  for (const uint32_t i : pos) keyed.push_back(keyed_of(i));
+  // The k-th largest keyed value; keys are distinct (they carry the
+  // position), so exactly k candidates reach it.
+  uint64_t kth = 0;
+  if (int64_t(keyed.size()) > k) {
+    work.assign(keyed.begin(), keyed.end());
+    std::nth_element(work.begin(), work.begin() + (k - 1), work.end(), std::greater<uint64_t>());
+    kth = work[size_t(k - 1)];
+  }
+  int64_t o = 0;
+  for (size_t j = 0; j < keyed.size(); ++j)
+    if (keyed[j] >= kth) sel[o++] = int32_t(pos[j]);
+  KVT_CHECK(o == k, "topk: {} of {} candidates reach the k-th key, want {}", o, keyed.size(), k);
+}
+
+}  // namespace
+
 void topk_rows_cpu(int64_t n_rows, int n_kv_head, int64_t stride, int kmax, const float* scores,
                    const StepRanges* ranges, int32_t* out) {
-  // Each candidate as one integer, (order key, ~index): the largest k are
-  // the top k, ties to the lower index, without a comparator's indirection.
   default_pool().parallel_for(n_rows, 1, [&](int64_t r0, int64_t r1, int) {
-    std::vector<uint64_t> keyed;
+    std::vector<uint32_t> pos;
+    std::vector<uint64_t> keyed, work;
     for (int64_t r = r0; r < r1; ++r) {
       const StepRanges& sr = ranges[r / n_kv_head];
       const int64_t n = sr.c_hi - sr.c_lo;
       const int64_t k = std::max<int64_t>(0, std::min<int64_t>(std::min<int64_t>(sr.k, kmax), n));
-      const float* s = scores + r * stride;
       int32_t* o = out + r * kmax;
-      keyed.resize(size_t(std::max<int64_t>(n, 0)));
-      for (int64_t i = 0; i < n; ++i)
-        keyed[size_t(i)] = uint64_t(topk_order_key(s[i])) << 32 | uint32_t(0xffffffffu - uint32_t(i));
-      if (k < n) std::nth_element(keyed.begin(), keyed.begin() + k, keyed.end(), std::greater<uint64_t>());
       for (int64_t i = 0; i < kmax - k; ++i) o[i] = -1;
       int32_t* sel = o + (kmax - k);
-      for (int64_t i = 0; i < k; ++i) sel[i] = int32_t(sr.c_lo + (0xffffffffu - uint32_t(keyed[size_t(i)])));
-      std::sort(sel, sel + k);
+      top_k_positions(scores + r * stride, n, k, sel, pos, keyed, work);
+      for (int64_t i = 0; i < k; ++i) sel[i] += int32_t(sr.c_lo);
     }
   });
 }

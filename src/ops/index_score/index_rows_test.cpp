@@ -2,7 +2,8 @@
 // over the threads; every block must score exactly what one pass over the
 // whole row scores (the quantizer's score(), times the scale). gqa_rows on
 // the CPU (vector max, sums and e^x, blocks over the threads) against the
-// formula in double precision.
+// formula in double precision. topk_rows on the CPU (a sampled bound, then
+// an exact selection among the candidates) equals the reference top-k.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +12,7 @@
 
 #include "ops/index_score/index_rows.h"
 #include "ops/quant/quant_format.h"
+#include "ops/topk/topk.h"
 
 namespace kvtier {
 namespace {
@@ -102,6 +104,48 @@ TEST(GqaRowsCpu, TakesEachCandidatesBestQueryLogSoftmax) {
       for (int j = 0; j < n_q; ++j)
         want = std::max(want, double(raw[size_t((row * n_q + j) * stride + r.c_lo + i)]) - lse[size_t(j)]);
       ASSERT_NEAR(got[size_t(row * stride + i)], want, 1e-5 * (1 + std::abs(want))) << row << " " << i;
+    }
+  }
+}
+
+
+TEST(TopkRowsCpu, EqualsTheReferenceOnEveryKindOfRow) {
+  // Rows long enough for the sampled bound and short ones; ties; −∞ and NaN;
+  // rows whose sampled positions hold the best scores (the bound then leaves
+  // too few candidates) or the worst ones.
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd;
+  const int kmax = 700;
+  for (int64_t n : {int64_t(1), int64_t(40), int64_t(2047), int64_t(2048), int64_t(8128), int64_t(20011)}) {
+    for (int kind = 0; kind < 5; ++kind) {
+      for (int64_t k : {int64_t(1), int64_t(7), n / 32 + 1, n / 16, int64_t(kmax)}) {
+        if (k < 1) continue;
+        SCOPED_TRACE("n " + std::to_string(n) + " kind " + std::to_string(kind) + " k " + std::to_string(k));
+        const int64_t c_lo = 5, stride = n + 9;
+        std::vector<float> row(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) {
+          float v = nd(rng);
+          if (kind == 1) v = std::round(v * 2.f);                       // many ties
+          if (kind == 2 && i % 5 == 0) v = -INFINITY;                    // masked chunks
+          if (kind == 2 && i % 97 == 3) v = NAN;
+          if (kind == 3) v = (i * 256 % n < 256) ? 10.f + v : v;         // the sample holds the best
+          if (kind == 4) v = (i * 256 % n < 256) ? v - 10.f : v;         // the sample holds the worst
+          row[size_t(i)] = v;
+        }
+        std::vector<float> scores(size_t(2 * stride), 0.f);
+        std::copy(row.begin(), row.end(), scores.begin() + stride);  // row 1; row 0 has no candidates
+        StepRanges r[2];
+        r[0].c_lo = r[0].c_hi = 0, r[0].k = k;
+        r[1].c_lo = c_lo, r[1].c_hi = c_lo + n, r[1].k = k;
+        std::vector<int32_t> got(size_t(2) * kmax, 7);
+        topk_rows_cpu(2, 1, stride, kmax, scores.data(), r, got.data());
+        for (int i = 0; i < kmax; ++i) ASSERT_EQ(got[size_t(i)], -1);
+        const int64_t kk = std::min<int64_t>({k, n, kmax});
+        std::vector<int32_t> want(static_cast<size_t>(kk));
+        topk_ref(row.data(), 1, n, int(kk), c_lo, want.data());
+        for (int64_t i = 0; i < kmax - kk; ++i) ASSERT_EQ(got[size_t(kmax + i)], -1);
+        for (int64_t i = 0; i < kk; ++i) ASSERT_EQ(got[size_t(kmax + kmax - kk + i)], want[size_t(i)]) << i;
+      }
     }
   }
 }

@@ -155,24 +155,50 @@ void higgs_quantize_cpu(const QuantSpec& s, const float* x, int64_t n_vec, int d
   }
 }
 
+namespace {
+
+// y[p·d + k] = σ · grid[code_p][k] for a group's byte codes. D: the grid's
+// dimension (0: d at run time).
+template <int D>
+void decode_byte_codes(const uint8_t* cg, int n_code, const float* points, float sigma, float* y, int d = D) {
+  const int dd = D ? D : d;
+  for (int p = 0; p < n_code; ++p) {
+    const float* pt = points + size_t(cg[p]) * dd;
+    for (int k = 0; k < dd; ++k) y[p * dd + k] = sigma * pt[k];
+  }
+}
+
+}  // namespace
+
 void higgs_dequantize_cpu(const QuantSpec& s, const uint8_t* in, int64_t n_vec, int dim, float* out) {
   size_t bpv = bytes_per_vector(s, dim);
   Grouped l = grouped_layout(s, dim);
   const HiggsGrid& grid = grid_of(s);
   const int d = s.grid_dim, G = l.group;
   const std::vector<float>& signs = sign_vector(s, G);
-  std::vector<uint16_t> code(static_cast<size_t>(l.n_code));
+  // A code per byte (EDEN*-256) indexes the grid straight from the record.
+  const bool byte_codes = l.bits == 8 && grid.size == 256;
+  std::vector<uint16_t> code(byte_codes ? 0 : static_cast<size_t>(l.n_code));
   for (int64_t v = 0; v < n_vec; ++v) {
     const uint8_t* rec = in + size_t(v) * bpv;
     for (int g = 0; g < l.n_group; ++g) {
       float sigma = bf16_to_f32(load_u16(rec + l.meta_offset + 2 * size_t(g)));
-      unpack_codes(rec + size_t(g) * l.code_bytes, l.n_code, l.bits, code.data());
       float* y = out + v * dim + int64_t(g) * G;  // rotated group, then transformed in place
-      for (int p = 0; p < l.n_code; ++p) {
-        uint32_t c = code[size_t(p)];
-        KVT_CHECK(c < uint32_t(grid.size), "dequantize {}: code {} >= grid size {} in vector {}",
-                  to_string(s), c, grid.size, v);
-        for (int k = 0; k < d; ++k) y[p * d + k] = sigma * grid.points[size_t(c) * d + k];
+      if (byte_codes) {
+        const uint8_t* cg = rec + size_t(g) * l.code_bytes;
+        switch (d) {  // the grid's dimension fixed for the usual grids (EDEN2-256, EDEN4-256)
+          case 2: decode_byte_codes<2>(cg, l.n_code, grid.points.data(), sigma, y); break;
+          case 4: decode_byte_codes<4>(cg, l.n_code, grid.points.data(), sigma, y); break;
+          default: decode_byte_codes<0>(cg, l.n_code, grid.points.data(), sigma, y, d);
+        }
+      } else {
+        unpack_codes(rec + size_t(g) * l.code_bytes, l.n_code, l.bits, code.data());
+        for (int p = 0; p < l.n_code; ++p) {
+          uint32_t c = code[size_t(p)];
+          KVT_CHECK(c < uint32_t(grid.size), "dequantize {}: code {} >= grid size {} in vector {}",
+                    to_string(s), c, grid.size, v);
+          for (int k = 0; k < d; ++k) y[p * d + k] = sigma * grid.points[size_t(c) * d + k];
+        }
       }
       hadamard_transform(y, G);
       if (s.random_signs)
@@ -183,12 +209,70 @@ void higgs_dequantize_cpu(const QuantSpec& s, const uint8_t* in, int64_t n_vec, 
 
 namespace {
 
+// Σ over a group's codes of lut[sp, code] (4 lanes): even codes in a0, odd
+// in a1, in order, then a0 + a1. NC: the codes per group (0: l.n_code).
+template <int NC>
+inline __m128 group_sum4(const uint8_t* cg, const float* lg, int n_code) {
+  const int nc = NC ? NC : n_code;
+  __m128 a0 = _mm_setzero_ps(), a1 = _mm_setzero_ps();
+  int sp = 0;
+#pragma GCC unroll 16
+  for (; sp + 2 <= nc; sp += 2) {
+    a0 = _mm_add_ps(a0, _mm_loadu_ps(lg + (size_t(sp) * 256 + cg[sp]) * 4));
+    a1 = _mm_add_ps(a1, _mm_loadu_ps(lg + (size_t(sp + 1) * 256 + cg[sp + 1]) * 4));
+  }
+  for (; sp < nc; ++sp) a0 = _mm_add_ps(a0, _mm_loadu_ps(lg + (size_t(sp) * 256 + cg[sp]) * 4));
+  return _mm_add_ps(a0, a1);
+}
+
+// The records' scores over the table: Σ_g σ_g · group_sum4, four records per
+// iteration for independent chains of loads and adds.
+template <int NC>
+void score_records_lut4(const Grouped& l, const float* lut, int n_q, const uint8_t* codes, int64_t stride,
+                        int64_t n_vec, float* scores, int64_t score_stride) {
+  const size_t group_lut = size_t(l.n_code) * 256 * 4;
+  auto sigma = [&](const uint8_t* r, int g) {
+    return _mm_set1_ps(bf16_to_f32(load_u16(r + l.meta_offset + 2 * size_t(g))));
+  };
+  auto store = [&](int64_t i, __m128 total) {
+    alignas(16) float t4[4];
+    _mm_store_ps(t4, total);
+    for (int j = 0; j < n_q; ++j) scores[int64_t(j) * score_stride + i] = t4[j];
+  };
+  int64_t i = 0;
+  for (; i + 4 <= n_vec; i += 4) {
+    const uint8_t* r0 = codes + i * stride;
+    const uint8_t *r1 = r0 + stride, *r2 = r1 + stride, *r3 = r2 + stride;
+    __m128 t0 = _mm_setzero_ps(), t1 = _mm_setzero_ps(), t2 = _mm_setzero_ps(), t3 = _mm_setzero_ps();
+    for (int g = 0; g < l.n_group; ++g) {
+      const float* lg = lut + size_t(g) * group_lut;
+      const size_t at = size_t(g) * l.code_bytes;
+      t0 = _mm_fmadd_ps(sigma(r0, g), group_sum4<NC>(r0 + at, lg, l.n_code), t0);
+      t1 = _mm_fmadd_ps(sigma(r1, g), group_sum4<NC>(r1 + at, lg, l.n_code), t1);
+      t2 = _mm_fmadd_ps(sigma(r2, g), group_sum4<NC>(r2 + at, lg, l.n_code), t2);
+      t3 = _mm_fmadd_ps(sigma(r3, g), group_sum4<NC>(r3 + at, lg, l.n_code), t3);
+    }
+    store(i, t0);
+    store(i + 1, t1);
+    store(i + 2, t2);
+    store(i + 3, t3);
+  }
+  for (; i < n_vec; ++i) {
+    const uint8_t* r0 = codes + i * stride;
+    __m128 t0 = _mm_setzero_ps();
+    for (int g = 0; g < l.n_group; ++g)
+      t0 = _mm_fmadd_ps(sigma(r0, g), group_sum4<NC>(r0 + size_t(g) * l.code_bytes, lut + size_t(g) * group_lut, l.n_code),
+                        t0);
+    store(i, t0);
+  }
+}
+
 // 2–4 queries (a GQA group) over byte codes of a 256-point grid: the table
 // as [n_sub, 256, 4] f32, built straight from the grid (query j in lane j),
-// so that one 16-byte load per stored code serves every query. Two records
-// per iteration for independent loads.
+// so that one 16-byte load per stored code serves every query.
 void higgs_score_group4(const Grouped& l, const HiggsGrid& grid, const float* qr, int n_q, int dim,
-                        const uint8_t* codes, int64_t stride, int64_t n_vec, float* scores) {
+                        const uint8_t* codes, int64_t stride, int64_t n_vec, float* scores,
+                        int64_t score_stride) {
   const int d = grid.dim, n_sub = dim / d;
   std::vector<float> qt(size_t(dim) * 4, 0.f);  // [dim, 4] the queries' values at each rotated coordinate
   for (int i = 0; i < dim; ++i)
@@ -202,45 +286,10 @@ void higgs_score_group4(const Grouped& l, const HiggsGrid& grid, const float* qr
       _mm_storeu_ps(lut4.data() + (size_t(sp) * 256 + c) * 4, acc);
     }
   const float* lut = lut4.data();
-  auto group_sum = [&](const uint8_t* cg, const float* lg) {
-    __m128 a0 = _mm_setzero_ps(), a1 = _mm_setzero_ps();
-    int sp = 0;
-    for (; sp + 2 <= l.n_code; sp += 2) {
-      a0 = _mm_add_ps(a0, _mm_loadu_ps(lg + (size_t(sp) * 256 + cg[sp]) * 4));
-      a1 = _mm_add_ps(a1, _mm_loadu_ps(lg + (size_t(sp + 1) * 256 + cg[sp + 1]) * 4));
-    }
-    for (; sp < l.n_code; ++sp) a0 = _mm_add_ps(a0, _mm_loadu_ps(lg + (size_t(sp) * 256 + cg[sp]) * 4));
-    return _mm_add_ps(a0, a1);
-  };
-  auto store = [&](int64_t i, __m128 total) {
-    alignas(16) float t4[4];
-    _mm_store_ps(t4, total);
-    for (int j = 0; j < n_q; ++j) scores[int64_t(j) * n_vec + i] = t4[j];
-  };
-  const size_t group_lut = size_t(l.n_code) * 256 * 4;
-  int64_t i = 0;
-  for (; i + 2 <= n_vec; i += 2) {
-    const uint8_t* r0 = codes + i * stride;
-    const uint8_t* r1 = r0 + stride;
-    __m128 t0 = _mm_setzero_ps(), t1 = _mm_setzero_ps();
-    for (int g = 0; g < l.n_group; ++g) {
-      const float* lg = lut + size_t(g) * group_lut;
-      const __m128 s0 = _mm_set1_ps(bf16_to_f32(load_u16(r0 + l.meta_offset + 2 * size_t(g))));
-      const __m128 s1 = _mm_set1_ps(bf16_to_f32(load_u16(r1 + l.meta_offset + 2 * size_t(g))));
-      t0 = _mm_fmadd_ps(s0, group_sum(r0 + size_t(g) * l.code_bytes, lg), t0);
-      t1 = _mm_fmadd_ps(s1, group_sum(r1 + size_t(g) * l.code_bytes, lg), t1);
-    }
-    store(i, t0);
-    store(i + 1, t1);
-  }
-  for (; i < n_vec; ++i) {
-    const uint8_t* r0 = codes + i * stride;
-    __m128 t0 = _mm_setzero_ps();
-    for (int g = 0; g < l.n_group; ++g) {
-      const __m128 s0 = _mm_set1_ps(bf16_to_f32(load_u16(r0 + l.meta_offset + 2 * size_t(g))));
-      t0 = _mm_fmadd_ps(s0, group_sum(r0 + size_t(g) * l.code_bytes, lut + size_t(g) * group_lut), t0);
-    }
-    store(i, t0);
+  switch (l.n_code) {  // the common groups unrolled: 64 or 128 dims of 4-dim codes
+    case 16: return score_records_lut4<16>(l, lut, n_q, codes, stride, n_vec, scores, score_stride);
+    case 32: return score_records_lut4<32>(l, lut, n_q, codes, stride, n_vec, scores, score_stride);
+    default: return score_records_lut4<0>(l, lut, n_q, codes, stride, n_vec, scores, score_stride);
   }
 }
 
@@ -271,7 +320,8 @@ void higgs_score_cpu(const QuantSpec& s, const ScoreParams& p) {
   const int64_t lut_size = int64_t(p.n_q) * n_sub * n;
   const bool use_lut = p.n_vec * d >= 2 * int64_t(n) && lut_size <= (int64_t(1) << 23);
   if (use_lut && l.bits == 8 && n == 256 && p.n_q >= 2 && p.n_q <= 4)
-    return higgs_score_group4(l, grid, qr.data(), p.n_q, dim, p.codes, stride, p.n_vec, p.scores);
+    return higgs_score_group4(l, grid, qr.data(), p.n_q, dim, p.codes, stride, p.n_vec, p.scores,
+                              score_stride_of(p));
   if (use_lut) {
     std::vector<float> lut(static_cast<size_t>(lut_size));  // [n_q, n_sub, n] f32
     for (int j = 0; j < p.n_q; ++j)
@@ -306,7 +356,7 @@ void higgs_score_cpu(const QuantSpec& s, const ScoreParams& p) {
             for (; sp < l.n_code; ++sp) a0 += lg[size_t(sp) * 256 + cg[sp]];
             total += sigma * ((a0 + a1) + (a2 + a3));
           }
-          p.scores[int64_t(j) * p.n_vec + i] = total;
+          p.scores[int64_t(j) * score_stride_of(p) + i] = total;
         }
       }
       return;
@@ -337,7 +387,7 @@ void higgs_score_cpu(const QuantSpec& s, const ScoreParams& p) {
           for (; sp < l.n_code; ++sp) a0 += lg[size_t(sp) * n + cg[sp]];
           total += sigma * ((a0 + a1) + (a2 + a3));
         }
-        p.scores[int64_t(j) * p.n_vec + i] = total;
+        p.scores[int64_t(j) * score_stride_of(p) + i] = total;
       }
     }
     return;
@@ -355,7 +405,7 @@ void higgs_score_cpu(const QuantSpec& s, const ScoreParams& p) {
         for (int k = 0; k < d; ++k) y[size_t(g) * G + size_t(sp) * d + k] = sigma * grid.points[size_t(c) * d + k];
       }
     }
-    for (int j = 0; j < p.n_q; ++j) p.scores[int64_t(j) * p.n_vec + i] = dot_f32(qr.data() + size_t(j) * dim, y.data(), dim);
+    for (int j = 0; j < p.n_q; ++j) p.scores[int64_t(j) * score_stride_of(p) + i] = dot_f32(qr.data() + size_t(j) * dim, y.data(), dim);
   }
 }
 

@@ -13,12 +13,12 @@ namespace kvtier {
 namespace {
 
 const char* kSpecs[] = {"bf16", "fp8", "nvfp4", "int2", "int4", "higgs2:g128", "higgs4:g128", "higgs1:g128",
-                        "higgs0.5:g128"};
+                        "higgs0.5:g128", "higgs2:g64"};
 
-// args: spec index, n_q. 32768 records of dim 128 (one head, 32K tokens).
+// args: spec index, n_q, dim. 32768 records (one head, 32K tokens).
 void BM_score(benchmark::State& state) {
   QuantSpec spec = parse_quant_spec(kSpecs[state.range(0)]);
-  const int dim = 128, n_q = int(state.range(1));
+  const int dim = int(state.range(2)), n_q = int(state.range(1));
   const int64_t n_vec = 32768;
   std::vector<float> x(static_cast<size_t>(n_vec * dim)), q(static_cast<size_t>(n_q * dim));
   gaussian_fill(x.data(), int64_t(x.size()), 1);
@@ -35,7 +35,9 @@ void BM_score(benchmark::State& state) {
   state.SetLabel(to_string(spec));
   state.counters["records/s"] = benchmark::Counter(double(n_vec), benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_score)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8}, {1, 4}})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_score)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8}, {1, 4}, {128}})->Unit(benchmark::kMicrosecond);
+// SmolLM2-135M's key index: a GQA group of 3 queries, head_dim 64 (g64: one group per head).
+BENCHMARK(BM_score)->Args({9, 3, 64})->Unit(benchmark::kMicrosecond);
 
 // args: spec index into kQuantSpecs. 4096 rows.
 const char* kQuantSpecs[] = {"fp8", "nvfp4", "int2:g128", "higgs2:g128", "higgs4:g1024", "higgs4:g128",

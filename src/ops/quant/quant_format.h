@@ -108,8 +108,10 @@ struct ScoreParams {
   int64_t n_vec = 0;
   int64_t code_stride = 0;         // 0: bytes_per_vector(spec, dim) (packed)
   int dim = 0;
-  float* scores = nullptr;         // [n_q, n_vec] f32
+  float* scores = nullptr;         // [n_q, n_vec] f32, score_stride apart
+  int64_t score_stride = 0;        // 0: n_vec
 };
+inline int64_t score_stride_of(const ScoreParams& p) { return p.score_stride ? p.score_stride : p.n_vec; }
 void score(const QuantSpec& spec, const ScoreParams& params);
 // One query over packed records: scores [n_vec] f32.
 void score(const QuantSpec& spec, const float* q, const uint8_t* codes, int64_t n_vec, int dim,

@@ -162,7 +162,7 @@ void score_ref(const QuantSpec& spec, const ScoreParams& p) {
     for (int j = 0; j < p.n_q; ++j) {
       double acc = 0;
       for (int t = 0; t < p.dim; ++t) acc += double(p.q[int64_t(j) * p.dim + t]) * k[size_t(t)];
-      p.scores[int64_t(j) * p.n_vec + i] = float(acc);
+      p.scores[int64_t(j) * score_stride_of(p) + i] = float(acc);
     }
   }
 }

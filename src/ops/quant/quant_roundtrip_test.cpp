@@ -202,6 +202,17 @@ TEST(QuantScore, FastMatchesReference) {
           p.q = q.data(), p.n_q = n_q, p.codes = codes.data(), p.n_vec = n_vec, p.code_stride = stride;
           p.dim = dim, p.scores = fast.data();
           score(spec, p);
+          {  // queries' scores score_stride apart: the same values, the gaps untouched
+            const int64_t ss = n_vec + 5;
+            std::vector<float> strided(static_cast<size_t>(n_q * ss), -7.f);
+            ScoreParams ps = p;
+            ps.scores = strided.data(), ps.score_stride = ss;
+            score(spec, ps);
+            for (int j = 0; j < n_q; ++j)
+              for (int64_t i = 0; i < ss; ++i)
+                ASSERT_EQ(strided[size_t(j * ss + i)], i < n_vec ? fast[size_t(j * n_vec + i)] : -7.f)
+                    << text << " strided scores, query " << j << " vector " << i;
+          }
           p.scores = ref.data();
           score_ref(spec, p);
           for (int64_t i = 0; i < n_vec; ++i) {
