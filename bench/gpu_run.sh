@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU session's measurements in one command (binaries built elsewhere):
-#   bench/gpu_run.sh [STEP ...]      steps: tests fa3 perf32k perf128k perf19m stages (default: all but stages)
+#   bench/gpu_run.sh [STEP ...]      steps: tests fa3 perf32k perf128k perf19m batch stages (default: all but batch, stages)
 # Binaries in $BIN (default .device/bin), shared libraries the GPU machine
 # lacks in $BIN/../lib; logs and JSON under $OUT (default out/gpu). Every step
 # has a time limit and its own log; a summary prints last.
@@ -63,6 +63,10 @@ for s in $STEPS; do
                --kv full --kv yakv --kv "yakv,kv=fp8" --kv shadowkv --json &&
              step perf19m_nograph 120 "$K" perf --device cuda --no-cuda-graphs -m models/kvtier-longctx-19m \
                -p 16384 -g 256 -r 3 --kv full --kv yakv --json ;;
+    batch) step batch19m 200 "$K" perf --device cuda -m models/kvtier-longctx-19m -p 16384 -g 64 -r 1 \
+             --batch 1,4,16,64 --kv full --kv yakv --kv "yakv,kv=fp8" --json
+           step batch32k 400 "$K" perf --device cuda -m shape:llama3.1-8b -c 40000 --prefill-chunk 8192 \
+             -p 32768 -g 32 -r 1 --batch 1,8 --kv full --kv "yakv,kv=fp8" --kv yakv --json ;;
     stages) for c in 32768 131072; do
               step "stages$((c / 1024))k" 280 "$K" perf --device cuda -m shape:llama3.1-8b -c $((c + 8192)) \
                 --prefill-chunk 8192 -p "$c" -g 16 -r 1 --stages "${POLICIES[@]}" --json

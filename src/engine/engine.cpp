@@ -69,6 +69,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Most sequences in one GPU decode forward (its activations grow to this).
+constexpr int kGpuBatch = 256;
 // Prefill chunk when every prompt position's logits are kept (prompt logprobs).
 constexpr int kPromptLogprobChunk = 64;
 double seconds_since(Clock::time_point t0) {
@@ -298,8 +300,9 @@ bool take_token(Sequence::State& s, std::string* piece, Clock::time_point t0) {
   return true;
 }
 
-// One decode step of sequences past their prompt, in one CPU forward pass
-// (Model::forward_decode); each one's logits land in its s.logits.
+// One decode step of sequences past their prompt, in one forward pass
+// (Model::forward_decode, or GpuModel::forward_decode on CUDA); each one's
+// logits land in its s.logits.
 void decode_together(Engine::Impl& e, const std::vector<Sequence::State*>& seqs) {
   const int n = int(seqs.size());
   const size_t n_vocab = size_t(e.model->config().n_vocab);
@@ -312,11 +315,12 @@ void decode_together(Engine::Impl& e, const std::vector<Sequence::State*>& seqs)
     kvs[size_t(i)] = seqs[size_t(i)]->kv.get();
   }
   std::lock_guard lk(e.batch_mu);
-  if (e.batch_scratch.capacity < n) e.batch_scratch = e.model->make_scratch(int(matmul_decode_max_tokens()));
+  if (!e.gpu && e.batch_scratch.capacity < n) e.batch_scratch = e.model->make_scratch(int(matmul_decode_max_tokens()));
   e.batch_logits.resize(size_t(n) * n_vocab);
   const Exec& x = e.device().exec();
   stage(x, "model");
-  e.model->forward_decode(tokens.data(), pos.data(), kvs.data(), n, e.batch_scratch, e.batch_logits.data());
+  if (e.gpu) e.gpu->forward_decode(tokens.data(), pos.data(), kvs.data(), n, e.batch_logits.data());
+  else e.model->forward_decode(tokens.data(), pos.data(), kvs.data(), n, e.batch_scratch, e.batch_logits.data());
   stage_stop(x);
   for (int i = 0; i < n; ++i) {
     const float* row = e.batch_logits.data() + size_t(i) * n_vocab;
@@ -354,11 +358,12 @@ std::vector<Engine::StepResult> Engine::step_batch(const std::vector<Sequence*>&
   for (size_t i = 0; i < seqs.size(); ++i) {
     const Sequence::State& s = *seqs[i]->s_;
     KVT_CHECK(s.engine == &e, "step_batch: sequence {} belongs to another engine", i);
-    if (!e.gpu && s.prefilled && !s.finished) batch.push_back(i);
+    if (s.prefilled && !s.finished) batch.push_back(i);
     else step_alone(i);
   }
-  // Batches the quantized decode products take whole (each row then equals its solo result).
-  const size_t most = size_t(matmul_decode_max_tokens());
+  // CPU: batches the quantized decode products take whole (each row then
+  // equals its solo result). CUDA: one forward for up to kGpuBatch.
+  const size_t most = e.gpu ? size_t(kGpuBatch) : size_t(matmul_decode_max_tokens());
   for (size_t b0 = 0; b0 < batch.size(); b0 += most) {
     const size_t b1 = std::min(batch.size(), b0 + most);
     if (b1 - b0 == 1) {

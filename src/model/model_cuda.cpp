@@ -131,7 +131,10 @@ class CudaSequence;
 class CudaModel final : public GpuModel {
  public:
   CudaModel(const Model& model, bool graphs);
+  ~CudaModel() override;
   std::unique_ptr<GpuSequence> start(int capacity) override;
+  void forward_decode(const int32_t* tokens, const int64_t* pos, KvCache* const* kvs, int n_seq,
+                      float* logits) override;
   const Device& device() const override { return dev_; }
   Device& device() override { return dev_; }
   size_t weight_bytes() const override { return weight_bytes_; }
@@ -153,6 +156,8 @@ class CudaModel final : public GpuModel {
   size_t weight_bytes_ = 0;
   cuda::Gemm gemm_;
   const bool graphs_;
+  std::unique_ptr<CudaSequence> batch_;  // forward_decode's activations, grown to the largest batch
+  int batch_cap_ = 0;
   void random_weights();
 };
 
@@ -273,10 +278,15 @@ class CudaSequence final : public GpuSequence {
   CudaSequence(CudaModel& m, int capacity);
   ~CudaSequence() override;
   void forward(const int32_t* tokens, int n_tok, int64_t pos0, KvCache& kv, int n_logits, float* logits) override;
+  // CudaModel::forward_decode: token i of the forward is sequence i's step.
+  void forward_decode(const int32_t* tokens, const int64_t* pos, KvCache* const* kvs, int n_seq, float* logits);
 
  private:
-  // The forward pass's device work, staged inputs to staged logits.
-  void run(int n_tok, KvCache& kv, int n_logits);
+  // What the forward pass needs of a cache whose next token sits at `pos`.
+  void check_cache(const KvCache& kv, int64_t pos) const;
+  // The forward pass's device work, staged inputs to staged logits. n_kv 1:
+  // every token goes to kvs[0]; n_kv = n_tok: token i goes to kvs[i].
+  void run(int n_tok, KvCache* const* kvs, int n_kv, int n_logits);
   void capture_and_launch(int n_tok, KvCache& kv, int n_logits);
 
   CudaModel& m_;
@@ -345,16 +355,7 @@ void CudaSequence::forward(const int32_t* tokens, int n_tok, int64_t pos0, KvCac
   const ModelConfig& c = c_;
   KVT_CHECK(n_tok > 0 && n_tok <= cap_, "GPU forward: {} tokens, the sequence holds {}", n_tok, cap_);
   KVT_CHECK(n_logits >= 0 && n_logits <= n_tok, "GPU forward: n_logits {} out of [0, {}]", n_logits, n_tok);
-  // Known defect (measured on the H200): MoE decode steps under an offloaded
-  // policy give wrong logits (rel-L2 ~1.5 from the first step), while `full`
-  // matches the CPU. Refused until fixed rather than answered wrongly.
-  KVT_CHECK(!c.is_moe() || kv.plan().dense,
-            "MoE models decode on the GPU only under a `full` policy for now (kv policy '{}'); use --kv full, or "
-            "--device cpu for offloaded policies",
-            to_string(kv.plan().policy));
-  KVT_CHECK(kv.plan().device == DeviceKind::cuda, "GPU forward: the KV cache lives on {}",
-            device_name(kv.plan().device));
-  KVT_CHECK(pos0 == kv.n_tokens(0), "GPU forward: position {} but the cache holds {} tokens", pos0, kv.n_tokens(0));
+  check_cache(kv, pos0);
   for (int t = 0; t < n_tok; ++t)
     KVT_CHECK(tokens[t] >= 0 && tokens[t] < c.n_vocab, "token id {} out of vocabulary ({})", tokens[t], c.n_vocab);
   auto* hi = h_ids_.host<int32_t>();
@@ -364,6 +365,7 @@ void CudaSequence::forward(const int32_t* tokens, int n_tok, int64_t pos0, KvCac
     hp[t] = pos0 + t;
   }
   kv.begin_step(n_tok);
+  KvCache* kvp = &kv;
   // A decode step replays the graph of the last one when nothing it reads moved.
   const bool graph = m_.graphs_ && n_tok == 1 && n_logits == 1 && kv.decoding() && kv.graph_safe();
   if (graph) {
@@ -374,21 +376,58 @@ void CudaSequence::forward(const int32_t* tokens, int n_tok, int64_t pos0, KvCac
       capture_and_launch(n_tok, kv, n_logits);
       graph_key_ = key;
     } else {  // the first step after a change runs eagerly: lazy allocations happen outside a capture
-      run(n_tok, kv, n_logits);
+      run(n_tok, &kvp, 1, n_logits);
       warm_key_ = key;
     }
   } else {
-    run(n_tok, kv, n_logits);
+    run(n_tok, &kvp, 1, n_logits);
   }
   KVT_CUDA_CHECK(cudaStreamSynchronize(s_));
   if (n_logits > 0) std::memcpy(logits, h_logits_.host(), size_t(n_logits) * size_t(c.n_vocab) * 4);
 }
 
+void CudaSequence::forward_decode(const int32_t* tokens, const int64_t* pos, KvCache* const* kvs, int n_seq,
+                                  float* logits) {
+  const ModelConfig& c = c_;
+  KVT_CHECK(n_seq > 0 && n_seq <= cap_, "GPU batch: {} sequences, the batch holds {}", n_seq, cap_);
+  std::vector<const KvCache*> seen(kvs, kvs + n_seq);
+  std::sort(seen.begin(), seen.end());
+  KVT_CHECK(std::adjacent_find(seen.begin(), seen.end()) == seen.end(), "GPU batch: a KV cache appears twice");
+  auto* hi = h_ids_.host<int32_t>();
+  auto* hp = h_pos_.host<int64_t>();
+  for (int i = 0; i < n_seq; ++i) {
+    KVT_CHECK(kvs[i], "GPU batch: sequence {} has no KV cache", i);
+    check_cache(*kvs[i], pos[i]);
+    KVT_CHECK(tokens[i] >= 0 && tokens[i] < c.n_vocab, "token id {} out of vocabulary ({})", tokens[i], c.n_vocab);
+    hi[i] = tokens[i];
+    hp[i] = pos[i];
+  }
+  for (int i = 0; i < n_seq; ++i) kvs[i]->begin_step(1);
+  run(n_seq, kvs, n_seq, n_seq);
+  KVT_CUDA_CHECK(cudaStreamSynchronize(s_));
+  std::memcpy(logits, h_logits_.host(), size_t(n_seq) * size_t(c.n_vocab) * 4);
+}
+
+void CudaSequence::check_cache(const KvCache& kv, int64_t pos) const {
+  const ModelConfig& c = c_;
+  // Known defect (measured on the H200): MoE decode steps under an offloaded
+  // policy give wrong logits (rel-L2 ~1.5 from the first step), while `full`
+  // matches the CPU. Refused until fixed rather than answered wrongly.
+  KVT_CHECK(!c.is_moe() || kv.plan().dense,
+            "MoE models decode on the GPU only under a `full` policy for now (kv policy '{}'); use --kv full, or "
+            "--device cpu for offloaded policies",
+            to_string(kv.plan().policy));
+  KVT_CHECK(kv.plan().device == DeviceKind::cuda, "GPU forward: the KV cache lives on {}",
+            device_name(kv.plan().device));
+  KVT_CHECK(pos == kv.n_tokens(0), "GPU forward: position {} but the cache holds {} tokens", pos, kv.n_tokens(0));
+}
+
 void CudaSequence::capture_and_launch(int n_tok, KvCache& kv, int n_logits) {
   cudaGraph_t g = nullptr;
   KVT_CUDA_CHECK(cudaStreamBeginCapture(s_, cudaStreamCaptureModeThreadLocal));
+  KvCache* kvp = &kv;
   try {
-    run(n_tok, kv, n_logits);
+    run(n_tok, &kvp, 1, n_logits);
   } catch (...) {
     cudaStreamEndCapture(s_, &g);
     if (g) cudaGraphDestroy(g);
@@ -408,8 +447,9 @@ void CudaSequence::capture_and_launch(int n_tok, KvCache& kv, int n_logits) {
   KVT_CUDA_CHECK(cudaGraphLaunch(graph_, s_));
 }
 
-void CudaSequence::run(int n_tok, KvCache& kv, int n_logits) {
+void CudaSequence::run(int n_tok, KvCache* const* kvs, int n_kv, int n_logits) {
   const ModelConfig& c = c_;
+  KVT_CHECK(n_kv == 1 || n_kv == n_tok, "GPU forward: {} caches for {} tokens", n_kv, n_tok);
   KVT_CUDA_CHECK(cudaMemcpyAsync(ids_.data(), h_ids_.host(), size_t(n_tok) * 4, cudaMemcpyHostToDevice, s_));
   KVT_CUDA_CHECK(cudaMemcpyAsync(pos_.data(), h_pos_.host(), size_t(n_tok) * 8, cudaMemcpyHostToDevice, s_));
   const int E = c.n_embd, hd = c.head_dim;
@@ -438,8 +478,17 @@ void CudaSequence::run(int n_tok, KvCache& kv, int n_logits) {
                c.rope_interleaved, s_);
     cuda::rope(k_.data(), n_tok, kv_dim_, c.n_kv_head, hd, pos_.data<int64_t>(), m_.inv_freq_.data<float>(),
                c.rope_interleaved, s_);
-    kv.append(l, k_pre_.data(), k_.data(), v_.data(), kv_dim_, n_tok);
-    kv.attend(l, q_.data(), q_dim_, n_tok, scale, att_.data());  // att: [n_tok, n_head, hd]
+    if (n_kv == 1) {
+      kvs[0]->append(l, k_pre_.data(), k_.data(), v_.data(), kv_dim_, n_tok);
+      kvs[0]->attend(l, q_.data(), q_dim_, n_tok, scale, att_.data());  // att: [n_tok, n_head, hd]
+    } else {  // a batch of steps: row i through sequence i's cache
+      for (int i = 0; i < n_kv; ++i) {
+        const size_t kv_row = size_t(i) * size_t(kv_dim_), q_row = size_t(i) * size_t(q_dim_);
+        kvs[i]->append(l, k_pre_.data<uint16_t>() + kv_row, k_.data<uint16_t>() + kv_row, v_.data<uint16_t>() + kv_row,
+                       kv_dim_, 1);
+        kvs[i]->attend(l, q_.data<uint16_t>() + q_row, q_dim_, 1, scale, att_.data<uint16_t>() + q_row);
+      }
+    }
     gemm.run(n_tok, E, q_dim_, att_.data(), L.wo.data(), delta_.data(), s_);
 
     // Feed-forward block: the mixture of experts, or one SwiGLU.
@@ -463,7 +512,21 @@ void CudaSequence::run(int n_tok, KvCache& kv, int n_logits) {
   }
 }
 
+CudaModel::~CudaModel() = default;
+
 std::unique_ptr<GpuSequence> CudaModel::start(int capacity) { return std::make_unique<CudaSequence>(*this, capacity); }
+
+void CudaModel::forward_decode(const int32_t* tokens, const int64_t* pos, KvCache* const* kvs, int n_seq,
+                               float* logits) {
+  KVT_CHECK(n_seq > 0, "GPU batch: {} sequences", n_seq);
+  if (n_seq > batch_cap_) {
+    const int cap = std::max({n_seq, 8, 2 * batch_cap_});
+    batch_.reset();
+    batch_ = std::make_unique<CudaSequence>(*this, cap);
+    batch_cap_ = cap;
+  }
+  batch_->forward_decode(tokens, pos, kvs, n_seq, logits);
+}
 
 }  // namespace
 

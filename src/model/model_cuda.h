@@ -37,6 +37,13 @@ class GpuModel {
   virtual ~GpuModel() = default;
   // capacity: most tokens per forward (the prefill chunk).
   virtual std::unique_ptr<GpuSequence> start(int capacity) = 0;
+  // One decode step of n_seq sequences together, Model::forward_decode's
+  // contract on CUDA caches: tokens[i] at position pos[i], appended to and
+  // attending through kvs[i] (policies may differ). The weight products run
+  // once over the batch; attention runs per sequence. logits: [n_seq,
+  // n_vocab] f32 on the host. Not thread-safe (one batch at a time).
+  virtual void forward_decode(const int32_t* tokens, const int64_t* pos, KvCache* const* kvs, int n_seq,
+                              float* logits) = 0;
   virtual const Device& device() const = 0;
   virtual Device& device() = 0;
   virtual size_t weight_bytes() const = 0;

@@ -302,6 +302,86 @@ TEST(GpuModel, EngineRunsOnCudaAndMatchesCpuLogits) {
   }
 }
 
+// GpuModel::forward_decode: sequences of different lengths and policies
+// step together in one forward pass. Each is fed the tokens it chose alone
+// (teacher forcing), so its batched logits must match its solo ones within
+// the bf16 bounds above (the batch's GEMMs round like any other M); a row
+// attended through another sequence's cache would be off by ~1.
+TEST(GpuModel, BatchedDecodeStepsMatchEachSequenceAlone) {
+  KVT_REQUIRE_GPU();
+  for (const int which : {0, 3}) {  // hd64 GQA-3 Q4_1 and hd128 GQA-4 qk-norm
+    const ModelCase mc = model_cases()[size_t(which)];
+    Model model(open_model_source(mc.write()));
+    auto gpu = make_gpu_model(model);
+    const int n_vocab = model.config().n_vocab, n_gen = 12, chunk = 64;
+    const std::vector<std::string> policies{"full", "yakv", "yakv,kv=fp8", "full,kv=fp8",
+                                            "yakv,budget=0.05,min_budget=16", "oracle", "full", "yakv"};
+    const int n = int(policies.size());
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<GreedyRun> solo;
+    for (int i = 0; i < n; ++i) {
+      std::vector<int32_t> p(size_t(150 + 41 * i));
+      for (size_t t = 0; t < p.size(); ++t) p[t] = int32_t((t * 7919 + 13 + 101 * size_t(i)) % size_t(n_vocab));
+      prompts.push_back(p);
+      solo.push_back(greedy(model, gpu.get(), policies[size_t(i)], p, chunk, n_gen));
+    }
+    std::vector<std::unique_ptr<KvCache>> caches;
+    std::vector<KvCache*> kvs;
+    std::vector<float> logits(size_t(n) * n_vocab);
+    for (int i = 0; i < n; ++i) {
+      caches.push_back(make_kv_cache(plan_kv(parse_policy(policies[size_t(i)]), model.kv_geometry(), DeviceKind::cuda),
+                                     gpu->device()));
+      KvCache& kv = *caches.back();
+      kv.reserve(int64_t(prompts[size_t(i)].size()) + n_gen);
+      auto seq = gpu->start(chunk);
+      const int64_t len = int64_t(prompts[size_t(i)].size());
+      for (int64_t t = 0; t < len; t += chunk) {
+        const int n_tok = int(std::min<int64_t>(chunk, len - t));
+        seq->forward(&prompts[size_t(i)][size_t(t)], n_tok, t, kv, t + n_tok == len ? 1 : 0, logits.data());
+      }
+      kv.start_decode();
+      kvs.push_back(&kv);
+    }
+    std::vector<double> worst(size_t(n), 0.0);
+    std::vector<int> same(size_t(n), 0);
+    for (int step = 1; step < n_gen; ++step) {
+      std::vector<int32_t> tokens(static_cast<size_t>(n));
+      std::vector<int64_t> pos(static_cast<size_t>(n));
+      for (int i = 0; i < n; ++i) {
+        tokens[size_t(i)] = solo[size_t(i)].tokens[size_t(step - 1)];
+        pos[size_t(i)] = int64_t(prompts[size_t(i)].size()) + step - 1;
+      }
+      gpu->forward_decode(tokens.data(), pos.data(), kvs.data(), n, logits.data());
+      for (int i = 0; i < n; ++i) {
+        const std::vector<float> row(logits.begin() + int64_t(i) * n_vocab, logits.begin() + int64_t(i + 1) * n_vocab);
+        const std::vector<float>& want = solo[size_t(i)].logits[size_t(step)];
+        double num = 0, den = 0;
+        for (int j = 0; j < n_vocab; ++j) {
+          num += (double(row[size_t(j)]) - want[size_t(j)]) * (double(row[size_t(j)]) - want[size_t(j)]);
+          den += double(want[size_t(j)]) * want[size_t(j)];
+        }
+        worst[size_t(i)] = std::max(worst[size_t(i)], std::sqrt(num / den));
+        same[size_t(i)] += argmax(row) == solo[size_t(i)].tokens[size_t(step)];
+      }
+    }
+    for (int i = 0; i < n; ++i) {
+      const std::string& policy = policies[size_t(i)];
+      std::printf("[gpu batch-vs-solo] %-34s %-32s max rel-L2 %.1e  argmax same %2d/%d  cache %lld tokens\n",
+                  mc.name.c_str(), policy.c_str(), worst[size_t(i)], same[size_t(i)], n_gen - 1,
+                  static_cast<long long>(kvs[size_t(i)]->n_tokens(0)));
+      EXPECT_EQ(kvs[size_t(i)]->n_tokens(0), int64_t(prompts[size_t(i)].size()) + n_gen - 1) << policy;
+      EXPECT_LT(worst[size_t(i)], policy.starts_with("full") ? kRelL2 : kSparseRelL2) << mc.name << " " << policy;
+    }
+    // A cache twice in one batch, or a position the cache does not hold, is refused.
+    std::vector<KvCache*> twice{kvs[0], kvs[0]};
+    const int32_t tok2[2] = {1, 2};
+    const int64_t pos2[2] = {kvs[0]->n_tokens(0), kvs[0]->n_tokens(0)};
+    EXPECT_THROW(gpu->forward_decode(tok2, pos2, twice.data(), 2, logits.data()), Error);
+    const int64_t bad_pos = kvs[1]->n_tokens(0) + 5;
+    EXPECT_THROW(gpu->forward_decode(tok2, &bad_pos, &kvs[1], 1, logits.data()), Error);
+  }
+}
+
 TEST(GpuModel, UnsupportedShapesAndDevicesGiveClearErrors) {
   KVT_REQUIRE_GPU();
   // The committed HF fixture has head_dim 16.
