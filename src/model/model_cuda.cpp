@@ -287,7 +287,7 @@ class CudaSequence final : public GpuSequence {
   // The forward pass's device work, staged inputs to staged logits. n_kv 1:
   // every token goes to kvs[0]; n_kv = n_tok: token i goes to kvs[i].
   void run(int n_tok, KvCache* const* kvs, int n_kv, int n_logits);
-  void capture_and_launch(int n_tok, KvCache& kv, int n_logits);
+  void capture_and_launch(int n_tok, KvCache* const* kvs, int n_kv, int n_logits);
 
   CudaModel& m_;
   const ModelConfig& c_;
@@ -373,7 +373,7 @@ void CudaSequence::forward(const int32_t* tokens, int n_tok, int64_t pos0, KvCac
     if (graph_ && key == graph_key_) {
       KVT_CUDA_CHECK(cudaGraphLaunch(graph_, s_));
     } else if (key == warm_key_) {
-      capture_and_launch(n_tok, kv, n_logits);
+      capture_and_launch(n_tok, &kvp, 1, n_logits);
       graph_key_ = key;
     } else {  // the first step after a change runs eagerly: lazy allocations happen outside a capture
       run(n_tok, &kvp, 1, n_logits);
@@ -403,7 +403,23 @@ void CudaSequence::forward_decode(const int32_t* tokens, const int64_t* pos, KvC
     hp[i] = pos[i];
   }
   for (int i = 0; i < n_seq; ++i) kvs[i]->begin_step(1);
-  run(n_seq, kvs, n_seq, n_seq);
+  // The batch replays the graph of its last step while the same caches
+  // step together and none of them moved (the solo rule, per cache).
+  bool graph = m_.graphs_;
+  uint64_t key = 0x9E3779B97F4A7C15ull * uint64_t(n_seq);
+  for (int i = 0; i < n_seq && graph; ++i) {
+    graph = kvs[i]->decoding() && kvs[i]->graph_safe();
+    key = (key ^ (kvs[i]->graph_token() + 1)) * 0x100000001B3ull ^ uint64_t(reinterpret_cast<uintptr_t>(kvs[i]));
+  }
+  if (graph && graph_ && key == graph_key_) {
+    KVT_CUDA_CHECK(cudaGraphLaunch(graph_, s_));
+  } else if (graph && key == warm_key_) {
+    capture_and_launch(n_seq, kvs, n_seq, n_seq);
+    graph_key_ = key;
+  } else {  // eager: the first step of a new batch (lazy allocations happen outside a capture)
+    run(n_seq, kvs, n_seq, n_seq);
+    warm_key_ = graph ? key : 0;
+  }
   KVT_CUDA_CHECK(cudaStreamSynchronize(s_));
   std::memcpy(logits, h_logits_.host(), size_t(n_seq) * size_t(c.n_vocab) * 4);
 }
@@ -422,12 +438,11 @@ void CudaSequence::check_cache(const KvCache& kv, int64_t pos) const {
   KVT_CHECK(pos == kv.n_tokens(0), "GPU forward: position {} but the cache holds {} tokens", pos, kv.n_tokens(0));
 }
 
-void CudaSequence::capture_and_launch(int n_tok, KvCache& kv, int n_logits) {
+void CudaSequence::capture_and_launch(int n_tok, KvCache* const* kvs, int n_kv, int n_logits) {
   cudaGraph_t g = nullptr;
   KVT_CUDA_CHECK(cudaStreamBeginCapture(s_, cudaStreamCaptureModeThreadLocal));
-  KvCache* kvp = &kv;
   try {
-    run(n_tok, &kvp, 1, n_logits);
+    run(n_tok, kvs, n_kv, n_logits);
   } catch (...) {
     cudaStreamEndCapture(s_, &g);
     if (g) cudaGraphDestroy(g);
