@@ -425,14 +425,6 @@ void CudaSequence::forward_decode(const int32_t* tokens, const int64_t* pos, KvC
 }
 
 void CudaSequence::check_cache(const KvCache& kv, int64_t pos) const {
-  const ModelConfig& c = c_;
-  // Known defect (measured on the H200): MoE decode steps under an offloaded
-  // policy give wrong logits (rel-L2 ~1.5 from the first step), while `full`
-  // matches the CPU. Refused until fixed rather than answered wrongly.
-  KVT_CHECK(!c.is_moe() || kv.plan().dense,
-            "MoE models decode on the GPU only under a `full` policy for now (kv policy '{}'); use --kv full, or "
-            "--device cpu for offloaded policies",
-            to_string(kv.plan().policy));
   KVT_CHECK(kv.plan().device == DeviceKind::cuda, "GPU forward: the KV cache lives on {}",
             device_name(kv.plan().device));
   KVT_CHECK(pos == kv.n_tokens(0), "GPU forward: position {} but the cache holds {} tokens", pos, kv.n_tokens(0));
@@ -547,12 +539,6 @@ void CudaModel::forward_decode(const int32_t* tokens, const int64_t* pos, KvCach
 
 std::unique_ptr<GpuModel> make_gpu_model(const Model& model, bool graphs) {
   KVT_CHECK(cuda_device_count() > 0, "--device cuda: no CUDA device found ({})", cuda_device_summary());
-  // Known defect (measured on the H200): a MoE model with dense layers
-  // diverges from the CPU after a few decode steps. Refused until fixed.
-  const ModelConfig& c = model.config();
-  for (int l = 0; l < c.n_layer && c.is_moe(); ++l)
-    KVT_CHECK(c.is_moe_layer(l), "--device cuda: MoE models with dense layers (layer {}) do not decode correctly on "
-              "the GPU yet; use --device cpu", l);
   return std::make_unique<CudaModel>(model, graphs);
 }
 
