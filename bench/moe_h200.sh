@@ -8,11 +8,13 @@
 # on the GPU machine:
 #
 #   bash bench/moe_h200.sh build            # CUDA build + the MoE CUDA tests
-#   bash bench/moe_h200.sh measure OUT_DIR  # kvtier, then hf, then report (about 8 minutes)
+#   bash bench/moe_h200.sh measure OUT_DIR  # kvtier, batch, hf, then report (about 4 minutes)
 #
 # or, where one command must stay well inside 10 minutes, the stages of `measure`:
 #   bash bench/moe_h200.sh kvtier OUT_DIR   # kvtier perf + memory
+#   bash bench/moe_h200.sh batch OUT_DIR    # batched decode at 32K (batch 1 and 8; the experts' GEMV path)
 #   bash bench/moe_h200.sh hf OUT_DIR       # HF transformers peer (same shapes, same contexts)
+#   bash bench/moe_h200.sh experts OUT_DIR  # the MoE block alone: kvtier's kernels vs cuBLASLt per expert
 #   bash bench/moe_h200.sh report OUT_DIR   # the summary table (also printed by the stages above)
 #
 # The model is the built-in shape (shape:qwen3-30b-a3b: random bf16 weights
@@ -20,7 +22,7 @@
 # written by bench/make_random_model.py when absent (Q8_0, 32 GB on disk),
 # which also times the loader's dequantize-and-upload path.
 set -euo pipefail
-stage=${1:?usage: bench/moe_h200.sh build|measure|kvtier|hf|report [OUT_DIR]}
+stage=${1:?usage: bench/moe_h200.sh build|measure|kvtier|batch|experts|hf|report [OUT_DIR]}
 out=${2:-bench/results/moe}
 model=${MODEL:-shape:qwen3-30b-a3b}
 build=${BUILD:-build-cuda}
@@ -69,6 +71,16 @@ run_kvtier() {
   kill "$smi" || true
 }
 
+run_batch() {
+  "$build/tools/kvtier" perf --device cuda -m "$model" -c 40000 --prefill-chunk 4096 --kv full --kv yakv \
+      -p 32768 -g 32 -r 1 --batch 1,8 --json | tee "$out/kvtier_batch.jsonl"
+}
+
+run_experts() {
+  local bench=${MOE_BENCH:-$build/src/ops/kvt_moe_bench}
+  "$bench" --tokens 1,8,64,512,4096,8192,12288,16384,32768 --reps 20 --json "$out/moe_block.json" | tee "$out/moe_block.md"
+}
+
 run_hf() {
   python3 bench/hf_peer.py --model qwen3-30b-a3b --layers 48 --prefill 32768,131072 \
       --configs dynamic:32768:1,dynamic:131072:1 --steps 5 --json "$out/hf_peer.json" 2>&1 | tee "$out/hf_peer.log"
@@ -77,17 +89,25 @@ run_hf() {
 case "$stage" in
   measure)
     run_kvtier
+    run_batch
+    run_experts
     run_hf
     report | tee "$out/summary.md"
     ;;
   build)
     cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DKVT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a > /dev/null
-    cmake --build "$build" -j "$(nproc)" --target kvtier kvt_cuda_tests
+    cmake --build "$build" -j "$(nproc)" --target kvtier kvt_cuda_tests kvt_moe_bench
     (cd "$build" && ctest -L cuda -R 'Moe|moe' --output-on-failure) 2>&1 | tee "$out/moe_cuda_tests.log"
     ;;
   kvtier)
     run_kvtier
     report | tee "$out/summary.md"
+    ;;
+  batch)
+    run_batch
+    ;;
+  experts)
+    run_experts
     ;;
   hf)
     run_hf
@@ -97,7 +117,7 @@ case "$stage" in
     report | tee "$out/summary.md"
     ;;
   *)
-    echo "unknown stage $stage (build, measure, kvtier, hf, report)" >&2
+    echo "unknown stage $stage (build, measure, kvtier, batch, experts, hf, report)" >&2
     exit 2
     ;;
 esac

@@ -3,11 +3,13 @@
 // (the mma.sync m16n8k16 fragments and XOR-swizzled cp.async tiles of the
 // flash prefill kernel, with each 64-row tile belonging to one expert, found
 // by a binary search over the experts' tile offsets) or, for a handful of
-// tokens, a GEMV over the active experts' weight rows only.
+// tokens, a GEMV over the active experts' weight rows only; for long prefill
+// chunks, one cuBLASLt GEMM per active expert after a host-side plan.
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <climits>
+#include <vector>
 
 #include "backend/cuda_backend.h"
 #include "backend/cuda_mma.cuh"
@@ -332,6 +334,15 @@ __global__ void __launch_bounds__(kGemvWarps * 32) expert_gemv_kernel(ExpertGemm
 
 // ---- combine ------------------------------------------------------------------
 
+// xs[row] = x[row_token[row]]: the cuBLASLt path's rows in expert order.
+__global__ void gather_rows_kernel(const bf16* __restrict__ x, const int32_t* __restrict__ row_token, int n_embd,
+                                   bf16* __restrict__ xs) {
+  const int64_t row = blockIdx.x;
+  const auto* src = reinterpret_cast<const uint4*>(x + int64_t(row_token[row]) * n_embd);
+  auto* dst = reinterpret_cast<uint4*>(xs + row * n_embd);
+  for (int i = threadIdx.x; i < n_embd / 8; i += blockDim.x) dst[i] = src[i];
+}
+
 __global__ void combine_kernel(const bf16* __restrict__ out, const int32_t* __restrict__ row_of,
                                const float* __restrict__ weights, int k, int n_embd, bf16* __restrict__ y) {
   const int64_t t = blockIdx.x;
@@ -415,6 +426,7 @@ MoeRunner::MoeRunner(const MoeConfig& c, int capacity) : c_(c), cap_(capacity) {
   gu_ = DeviceBuffer(rows * 2 * size_t(c.n_ff) * 2);
   h_ = DeviceBuffer(rows * size_t(c.n_ff) * 2);
   out_ = DeviceBuffer(rows * size_t(c.n_embd) * 2);
+  h_ids_ = PinnedBuffer(rows * 3 * 4);
 }
 
 size_t MoeRunner::scratch_bytes() const {
@@ -422,12 +434,66 @@ size_t MoeRunner::scratch_bytes() const {
          row_token_.bytes() + row_of_.bytes() + gu_.bytes() + h_.bytes() + out_.bytes();
 }
 
-void MoeRunner::run(const MoeDeviceWeights& w, const void* x, int n_tok, void* y, Gemm& gemm, cudaStream_t s) {
+void MoeRunner::run_cublas(const MoeDeviceWeights& w, const void* x, int n_tok, Gemm& gemm, cudaStream_t s) {
+  const MoeConfig& c = c_;
+  const int k = c.n_expert_used, n_pairs = n_tok * k;
+  auto* ids = h_ids_.host<int32_t>();  // [n_pairs]
+  KVT_CUDA_CHECK(cudaMemcpyAsync(ids, ids_.data(), size_t(n_pairs) * 4, cudaMemcpyDeviceToHost, s));
+  KVT_CUDA_CHECK(cudaStreamSynchronize(s));
+  std::vector<int32_t> offsets(size_t(c.n_expert) + 1, 0);  // expert e's rows: [offsets[e], offsets[e + 1])
+  for (int i = 0; i < n_pairs; ++i) ++offsets[size_t(ids[i]) + 1];
+  for (int e = 0; e < c.n_expert; ++e) offsets[size_t(e) + 1] += offsets[size_t(e)];
+  std::vector<int32_t> cursor(offsets.begin(), offsets.end() - 1);
+  int32_t* row_token = ids + n_pairs;    // [n_pairs]: the token of each row
+  int32_t* row_of = row_token + n_pairs;  // [n_pairs]: the row of each (token, slot)
+  for (int i = 0; i < n_pairs; ++i) {
+    const int row = cursor[size_t(ids[i])]++;
+    row_token[row] = i / k;
+    row_of[i] = row;
+  }
+  KVT_CUDA_CHECK(cudaMemcpyAsync(row_token_.data(), row_token, size_t(n_pairs) * 4, cudaMemcpyHostToDevice, s));
+  KVT_CUDA_CHECK(cudaMemcpyAsync(row_of_.data(), row_of, size_t(n_pairs) * 4, cudaMemcpyHostToDevice, s));
+  gather_rows_kernel<<<unsigned(n_pairs), 128, 0, s>>>(static_cast<const bf16*>(x), row_token_.data<int32_t>(),
+                                                       c.n_embd, out_.data<bf16>());
+  KVT_CUDA_LAUNCH_CHECK("gather_rows_kernel");
+  const int64_t E = c.n_embd, F = c.n_ff;
+  const auto* gate_up = static_cast<const uint16_t*>(w.gate_up);  // [n_expert, 2 F, E]
+  const auto* down = static_cast<const uint16_t*>(w.down);        // [n_expert, E, F]
+  for (int e = 0; e < c.n_expert; ++e) {
+    const int64_t r0 = offsets[size_t(e)], n = offsets[size_t(e) + 1] - r0;
+    if (n > 0)
+      gemm.run(n, 2 * F, E, out_.data<uint16_t>() + r0 * E, gate_up + e * 2 * F * E,
+               gu_.data<uint16_t>() + r0 * 2 * F, s);
+  }
+  swiglu(gu_.data(), n_pairs, c.n_ff, h_.data(), s);  // [rows, n_ff]
+  for (int e = 0; e < c.n_expert; ++e) {  // overwrites the gathered rows, consumed above
+    const int64_t r0 = offsets[size_t(e)], n = offsets[size_t(e) + 1] - r0;
+    if (n > 0) gemm.run(n, E, F, h_.data<uint16_t>() + r0 * F, down + e * E * F, out_.data<uint16_t>() + r0 * E, s);
+  }
+}
+
+void MoeRunner::run(const MoeDeviceWeights& w, const void* x, int n_tok, void* y, Gemm& gemm, cudaStream_t s,
+                    MoeExperts experts) {
   KVT_CHECK(n_tok > 0 && n_tok <= cap_, "moe (CUDA): {} tokens, the runner holds {}", n_tok, cap_);
   const MoeConfig& c = c_;
   const int k = c.n_expert_used, n_pairs = n_tok * k;
+  const bool host_plan = experts == MoeExperts::cublas ||
+                         (experts == MoeExperts::automatic && n_tok >= kMoeCublasMinTokens);
+  if (host_plan) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    KVT_CUDA_CHECK(cudaStreamIsCapturing(s, &capture));
+    KVT_CHECK(capture == cudaStreamCaptureStatusNone,
+              "moe (CUDA): the cuBLASLt experts synchronize with the host and cannot run in a CUDA graph capture");
+  }
   gemm.run_f32(n_tok, c.n_expert, c.n_embd, x, w.router, logits_.data<float>(), s);  // [n_tok, n_expert]
   moe_route(logits_.data<float>(), n_tok, c, ids_.data<int32_t>(), weights_.data<float>(), s);
+  if (host_plan) {
+    run_cublas(w, x, n_tok, gemm, s);
+    combine_kernel<<<unsigned(n_tok), 256, 0, s>>>(static_cast<const bf16*>(out_.data()), row_of_.data<int32_t>(),
+                                                   weights_.data<float>(), k, c.n_embd, static_cast<bf16*>(y));
+    KVT_CUDA_LAUNCH_CHECK("combine_kernel");
+    return;
+  }
   plan_kernel<<<1, kPlanThreads, 0, s>>>(ids_.data<int32_t>(), n_pairs, k, c.n_expert, offsets_.data<int32_t>(),
                                          tile_off_.data<int32_t>(), active_.data<int32_t>(),
                                          row_token_.data<int32_t>(), row_of_.data<int32_t>());

@@ -12,6 +12,12 @@
 //               tokens (decode) a GEMV that runs one warp per weight row of
 //               the *active* experts only — decode reads k experts' weights
 //   combine     y[t] = Σ_j w[t, j] · out[row(t, j)]  (f32 sum, bf16 out)
+//
+// From kMoeCublasMinTokens tokens per call (long prefill chunks) the plan is
+// made on the host instead (one synchronization) and each active expert's
+// rows, gathered, go through one cuBLASLt GEMM: faster there than the
+// grouped kernel (kvt_moe_bench, bench/results/moe/), never inside a CUDA
+// graph capture.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -26,6 +32,15 @@ namespace kvtier::cuda {
 // Up to this many tokens per call, the experts run as GEMVs (an expert gets
 // at most one row per token).
 constexpr int kMoeGemvMaxTokens = 8;
+// From this many tokens per call, the experts run as cuBLASLt GEMMs (automatic).
+constexpr int kMoeCublasMinTokens = 8192;
+
+// How the experts' products run.
+enum class MoeExperts {
+  automatic,  // GEMV, grouped GEMM or cuBLASLt by the token count (above)
+  device,     // kvtier's kernels (GEMV or grouped GEMM) at any count
+  cublas,     // host plan + one cuBLASLt GEMM per active expert at any count
+};
 
 // One layer's weights on the device.
 struct MoeDeviceWeights {
@@ -44,13 +59,17 @@ class MoeRunner {
  public:
   MoeRunner(const MoeConfig& c, int capacity);
   // x: [n_tok, n_embd] bf16 → y: [n_tok, n_embd] bf16 (must not alias x).
-  void run(const MoeDeviceWeights& w, const void* x, int n_tok, void* y, Gemm& gemm, cudaStream_t s);
+  void run(const MoeDeviceWeights& w, const void* x, int n_tok, void* y, Gemm& gemm, cudaStream_t s,
+           MoeExperts experts = MoeExperts::automatic);
   // The routing of the last run (device): ids [n_tok, k] int32, weights [n_tok, k] f32.
   const int32_t* ids() const { return ids_.data<int32_t>(); }
   const float* weights() const { return weights_.data<float>(); }
   size_t scratch_bytes() const;
 
  private:
+  // The cuBLASLt path's plan and products, after the routing.
+  void run_cublas(const MoeDeviceWeights& w, const void* x, int n_tok, Gemm& gemm, cudaStream_t s);
+
   MoeConfig c_;
   int cap_;
   DeviceBuffer logits_;     // [cap, n_expert] f32
@@ -63,7 +82,8 @@ class MoeRunner {
   DeviceBuffer row_of_;     // [cap, k] int32: the row of each (token, slot)
   DeviceBuffer gu_;         // [cap * k, 2 * n_ff] bf16
   DeviceBuffer h_;          // [cap * k, n_ff] bf16
-  DeviceBuffer out_;        // [cap * k, n_embd] bf16
+  DeviceBuffer out_;        // [cap * k, n_embd] bf16 (the cuBLASLt path gathers its input rows here first)
+  PinnedBuffer h_ids_;      // cuBLASLt path: [cap * k] int32 routing, then [2 cap k] row_token | row_of
 };
 
 }  // namespace kvtier::cuda

@@ -93,13 +93,14 @@ struct GpuResult {
   std::vector<float> weights;
 };
 
-GpuResult run_gpu(const Layer& L, const std::vector<uint16_t>& x, int n_tok) {
+GpuResult run_gpu(const Layer& L, const std::vector<uint16_t>& x, int n_tok,
+                  cuda::MoeExperts experts = cuda::MoeExperts::automatic) {
   auto d_router = to_device(L.router), d_gu = to_device(L.gate_up), d_down = to_device(L.down), d_x = to_device(x);
   cuda::DeviceBuffer d_y(x.size() * 2);
   poison(d_y);
   cuda::MoeRunner runner(L.c, n_tok);
   cuda::Gemm gemm;
-  runner.run({d_router.data(), d_gu.data(), d_down.data()}, d_x.data(), n_tok, d_y.data(), gemm, nullptr);
+  runner.run({d_router.data(), d_gu.data(), d_down.data()}, d_x.data(), n_tok, d_y.data(), gemm, nullptr, experts);
   KVT_CUDA_CHECK(cudaDeviceSynchronize());
   GpuResult r;
   r.y = bf16_to_f32_vec(to_host<uint16_t>(d_y, x.size()));
@@ -116,7 +117,15 @@ GpuResult run_gpu(const Layer& L, const std::vector<uint16_t>& x, int n_tok) {
 struct BlockCase {
   int n_embd, n_ff, n_expert, k, n_tok;
   bool norm;
+  cuda::MoeExperts experts = cuda::MoeExperts::automatic;
 };
+
+const char* path_name(const BlockCase& p) {
+  if (p.experts == cuda::MoeExperts::cublas ||
+      (p.experts == cuda::MoeExperts::automatic && p.n_tok >= cuda::kMoeCublasMinTokens))
+    return "cublaslt";
+  return p.n_tok <= cuda::kMoeGemvMaxTokens ? "gemv" : "grouped gemm";
+}
 
 class MoeCudaBlock : public ::testing::TestWithParam<BlockCase> {};
 
@@ -128,7 +137,7 @@ TEST_P(MoeCudaBlock, MatchesReference) {
   const Layer L(c, rng);
   const auto x = random_bf16(size_t(p.n_tok) * p.n_embd, rng);  // [n_tok, n_embd]
   const auto xf = bf16_to_f32_vec(x);
-  const GpuResult g = run_gpu(L, x, p.n_tok);
+  const GpuResult g = run_gpu(L, x, p.n_tok, p.experts);
 
   // Routing: the CPU's own choice from the same bf16 inputs, wherever the
   // k-th and (k+1)-th logits are not a near-tie (the GPU's router GEMM sums
@@ -157,7 +166,7 @@ TEST_P(MoeCudaBlock, MatchesReference) {
   moe_experts_ref(L.cpu, c, xf.data(), p.n_tok, g.ids.data(), g.weights.data(), y_ref.data());
   const double err = rel_l2(g.y.data(), y_ref.data(), y_ref.size());
   std::printf("[moe-cuda] E %d F %d experts %d k %d tokens %d: rel-L2 %.2e (%s)\n", p.n_embd, p.n_ff, p.n_expert, p.k,
-              p.n_tok, err, p.n_tok <= cuda::kMoeGemvMaxTokens ? "gemv" : "grouped gemm");
+              p.n_tok, err, path_name(p));
   EXPECT_LT(err, 1.5e-2);
 }
 
@@ -169,11 +178,20 @@ INSTANTIATE_TEST_SUITE_P(
                       BlockCase{256, 64, 128, 8, 300, true},  // Qwen3-MoE's expert count and k
                       BlockCase{128, 48, 4, 4, 700, false},   // every expert gets all 700 rows: 11 tiles each
                       BlockCase{2048, 768, 16, 8, 1, true},  // Qwen3-30B-A3B's widths, decode
-                      BlockCase{2048, 768, 16, 8, 24, true}),
+                      BlockCase{2048, 768, 16, 8, 24, true},
+                      // The host plan + cuBLASLt experts (automatic from kMoeCublasMinTokens tokens).
+                      BlockCase{64, 32, 8, 2, 1, true, cuda::MoeExperts::cublas},
+                      BlockCase{200, 72, 16, 4, 100, true, cuda::MoeExperts::cublas},
+                      BlockCase{128, 48, 4, 4, 700, false, cuda::MoeExperts::cublas},
+                      BlockCase{256, 64, 128, 8, cuda::kMoeCublasMinTokens, true},
+                      BlockCase{256, 64, 128, 8, cuda::kMoeCublasMinTokens, true, cuda::MoeExperts::device}),
     [](const ::testing::TestParamInfo<BlockCase>& i) {
       const BlockCase& p = i.param;
+      const char* path = p.experts == cuda::MoeExperts::cublas   ? "_cublas"
+                         : p.experts == cuda::MoeExperts::device ? "_device"
+                                                                 : "";
       return "E" + std::to_string(p.n_embd) + "_F" + std::to_string(p.n_ff) + "_x" + std::to_string(p.n_expert) + "k" +
-             std::to_string(p.k) + "_t" + std::to_string(p.n_tok);
+             std::to_string(p.k) + "_t" + std::to_string(p.n_tok) + path;
     });
 
 TEST(MoeCuda, OnlyTheChosenExpertsWeightsAreUsed) {
@@ -191,9 +209,10 @@ TEST(MoeCuda, OnlyTheChosenExpertsWeightsAreUsed) {
   const size_t gu_per = size_t(2) * c.n_ff * c.n_embd, dn_per = size_t(c.n_embd) * c.n_ff;
   std::fill(L.gate_up.begin() + 2 * gu_per, L.gate_up.end(), uint16_t(0xFFFF));
   std::fill(L.down.begin() + 2 * dn_per, L.down.end(), uint16_t(0xFFFF));
-  for (int n_tok : {1, 6, 40}) {
+  for (const auto& [n_tok, experts] : {std::pair{1, cuda::MoeExperts::automatic}, {6, cuda::MoeExperts::automatic},
+                                      {40, cuda::MoeExperts::automatic}, {40, cuda::MoeExperts::cublas}}) {
     std::vector<uint16_t> x = random_bf16(size_t(n_tok) * c.n_embd, rng, 0.1f, 1.0f);
-    const GpuResult g = run_gpu(L, x, n_tok);
+    const GpuResult g = run_gpu(L, x, n_tok, experts);
     for (int32_t id : g.ids) ASSERT_LT(id, 2);
     const auto xf = bf16_to_f32_vec(x);
     std::vector<float> y_ref(x.size());
@@ -210,6 +229,24 @@ TEST(MoeCuda, BadConfigsAndSizesAreRefused) {
   cuda::MoeRunner r(config(64, 32, 8, 2, true), 4);
   cuda::Gemm gemm;
   EXPECT_THROW(r.run({}, nullptr, 5, nullptr, gemm, nullptr), Error);  // more tokens than its capacity
+  // The cuBLASLt experts synchronize with the host: refused inside a graph capture.
+  cudaStream_t s = nullptr;
+  KVT_CUDA_CHECK(cudaStreamCreate(&s));
+  const MoeConfig c = config(64, 32, 8, 2, true);
+  std::mt19937 rng(3);
+  const Layer L(c, rng);
+  auto d_router = to_device(L.router), d_gu = to_device(L.gate_up), d_down = to_device(L.down);
+  auto d_x = to_device(random_bf16(size_t(4) * c.n_embd, rng));
+  cuda::DeviceBuffer d_y(size_t(4) * c.n_embd * 2);
+  KVT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  EXPECT_THROW(r.run({d_router.data(), d_gu.data(), d_down.data()}, d_x.data(), 4, d_y.data(), gemm, s,
+                     cuda::MoeExperts::cublas),
+               Error);
+  cudaGraph_t g = nullptr;
+  cudaStreamEndCapture(s, &g);
+  if (g) cudaGraphDestroy(g);
+  cudaGetLastError();
+  cudaStreamDestroy(s);
 }
 
 }  // namespace
