@@ -1,6 +1,7 @@
 // Policy knobs that size memory are bounded by the context when a sequence
 // starts, and what a sequence may hold is charged to the host KV budget (on
-// the CPU device the GPU tier, windows included, is host memory too).
+// the CPU device the GPU tier, windows included, is host memory too) and, on
+// a CUDA device, to the GPU KV budget (kv_gpu_charge).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -97,6 +98,52 @@ TEST(EngineLimits, HostBudgetIsChargedTheResidentWindowOnCpu) {
   EXPECT_THROW(tight->start(std::vector<int32_t>(96, 5), few_tokens(4), "yakv,local=256"), LimitError);
   auto enough = tiny_engine(256, charge);
   EXPECT_NO_THROW(enough->start(std::vector<int32_t>(96, 5), few_tokens(4), "yakv,local=256"));
+}
+
+// What a sequence holds on a CUDA device, by phase, at Llama-3.1-8B's KV
+// shapes (32 layers, 8 KV heads of 128): full holds bf16 K/V in both;
+// an offloaded policy holds a bf16 copy of the prompt's K/V while the prompt
+// runs, then its index, windows and slot cache.
+TEST(EngineLimits, GpuChargeFollowsThePhases) {
+  KvGeometry g;
+  g.n_layer = 32;
+  g.n_head = 32;
+  g.n_kv_head = 8;
+  g.head_dim = 128;
+  const int64_t n_prompt = 32768, n_total = n_prompt + 512;
+  const int64_t kv_row = int64_t(g.n_layer) * g.n_kv_head * g.head_dim * 2 * 2;  // bf16 K|V of one token
+  const KvGpuCharge full = kv_gpu_charge(parse_policy("full"), g, n_prompt, n_total);
+  EXPECT_EQ(full.prefill_bytes, n_total * kv_row);
+  EXPECT_EQ(full.decode_bytes, n_total * kv_row);
+  const KvGpuCharge step = kv_gpu_charge(parse_policy("yakv,cache=step"), g, n_prompt, n_total);
+  const KvGpuCharge all = kv_gpu_charge(parse_policy("yakv,cache=all"), g, n_prompt, n_total);
+  const KvGpuCharge autoc = kv_gpu_charge(parse_policy("yakv"), g, n_prompt, n_total);
+  EXPECT_GT(step.prefill_bytes, n_prompt * kv_row);  // the prompt's K/V and its index
+  EXPECT_LT(step.prefill_bytes, n_prompt * kv_row * 11 / 10);
+  EXPECT_EQ(all.prefill_bytes, step.prefill_bytes);  // no slot exists before decode
+  // Decode: the index, the windows and budget-sized slots (3.125 % of the prompt).
+  const KvFootprint f = kv_footprint(parse_policy("yakv,cache=step"), g, n_total);
+  EXPECT_GT(step.decode_bytes, f.gpu_bytes);
+  EXPECT_LT(step.decode_bytes, full.decode_bytes / 8);
+  EXPECT_GT(all.decode_bytes, step.decode_bytes);  // every token's slot
+  EXPECT_EQ(autoc.decode_bytes, step.decode_bytes);  // auto is charged as step
+  EXPECT_EQ(step.peak(), step.prefill_bytes);
+  EXPECT_THROW(kv_gpu_charge(parse_policy("full"), g, 10, 5), Error);
+}
+
+TEST(EngineLimits, GpuBudgetNeedsTheCudaDevice) {
+  EngineOptions o;
+  o.model_path = kModel;
+  o.gpu_kv_budget = 1e9;
+  try {
+    Engine::load(o);
+    FAIL() << "--gpu-kv-budget was accepted on the CPU device";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--device cuda"), std::string::npos) << e.what();
+  }
+  o.gpu_kv_budget = -1;
+  o.device = "cuda";
+  EXPECT_THROW(Engine::load(o), Error);
 }
 
 }  // namespace

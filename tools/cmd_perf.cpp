@@ -113,6 +113,8 @@ void perf(const PerfArgs& a) {
                            {"selected_rows", st.n_selected}, {"fetched_rows", st.n_fetched},
                            {"hit_rate", st.hit_rate()},       {"host_bytes_per_step", host_mb_step * 1e6}};
           if (a.engine.stage_times) j["stage_ms_per_step"] = stages;
+          if (a.engine.host_kv_budget_bytes > 0) j["host_kv_budget_bytes"] = a.engine.host_kv_budget_bytes;
+          if (engine->gpu_kv_budget_bytes() > 0) j["gpu_kv_budget_bytes"] = engine->gpu_kv_budget_bytes();
           fmt::print("{}\n", j.dump());
         } else {
           fmt::print("| {} | {} | {} | {} | {} | {:.1f} | {:.1f} | {:.2f} | {:.1f} | {:.1f} | {} | {} |\n",

@@ -54,6 +54,11 @@ void add_engine_options(CLI::App& app, EngineOptions& o) {
   app.add_option("--host-kv-budget", o.host_kv_budget_bytes,
                  "refuse prompts whose host KV would exceed this many bytes (0: no limit)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--gpu-kv-budget", o.gpu_kv_budget,
+                 "--device cuda: GPU memory for KV (full K/V, key indexes, windows, slot caches), in bytes, or a "
+                 "fraction in (0, 1) of what the weights leave free (0: no limit); the server queues requests "
+                 "until both budgets hold them")
+      ->check(CLI::NonNegativeNumber);
   // Process-wide (the kernels are chosen per process, core/cpu_features.h).
   app.add_option_function<std::string>(
          "--cpu-isa",

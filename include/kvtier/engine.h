@@ -32,6 +32,12 @@ struct EngineOptions {
   bool prefill_chunk_per_step = false;
   int64_t max_context = 0;    // 0: the model's training context
   int64_t host_kv_budget_bytes = 0;  // 0: unlimited; else longer contexts are refused
+  // --device cuda: the GPU memory, weights aside, that sequences' KV may hold
+  // (kv_gpu_charge: full K/V pages, key indexes, resident windows, slot
+  // caches): bytes when ≥ 1, a fraction of the memory free after the weights
+  // load when in (0, 1); 0: no limit. Under a budget, cache=auto keeps
+  // budget-sized slots (step): the budget holds what it was charged.
+  double gpu_kv_budget = 0;
   // Where the forward pass runs: "cpu", or "cuda" (weights dequantized to bf16
   // on CUDA device 0; the policy's plan says where its KV lives: kv/kv_plan.h).
   std::string device = "cpu";
@@ -130,6 +136,9 @@ class Engine {
 
   const ModelConfig& config() const;
   const Tokenizer& tokenizer() const;
+  // The GPU KV budget in bytes (EngineOptions::gpu_kv_budget resolved at
+  // load); 0: none.
+  int64_t gpu_kv_budget_bytes() const;
   const EngineOptions& options() const;
   std::string model_name() const;
 

@@ -34,6 +34,7 @@ struct Engine::Impl {
   std::unique_ptr<Tokenizer> tokenizer;
   std::vector<int> extra_eos;
   int64_t max_context = 0;
+  int64_t gpu_kv_budget_bytes = 0;  // options.gpu_kv_budget resolved; 0: none
   std::once_flag grammar_once;
   std::shared_ptr<GrammarVocab> grammar_vocab;
   // Engine::step_batch's forward pass (CPU).
@@ -116,7 +117,9 @@ std::unique_ptr<KvCache> make_cache(const Engine::Impl& e, const std::string& po
     KVT_CHECK(!e.gpu, "kv analysis runs on the CPU (use --device cpu)");
     return std::make_unique<AnalysisKv>(policy.substr(kAnalysisPrefix.size()), g, e.cpu);
   }
-  KvPlan plan = plan_kv(parse_policy(policy), g, e.device().kind());
+  PolicyConfig p = parse_policy(policy);
+  if (e.gpu_kv_budget_bytes > 0 && p.cache == CacheMode::auto_) p.cache = CacheMode::step;  // what was charged
+  KvPlan plan = plan_kv(p, g, e.device().kind());
   fit_plan_to_tokens(plan, n_total);
   return make_kv_cache(plan, e.device());
 }
@@ -416,7 +419,19 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& options) {
   ModelSource source = open_model_source(options.model_path);
   impl.extra_eos = source.eos_token_ids;
   impl.model = std::make_unique<Model>(std::move(source));
+  KVT_CHECK(options.gpu_kv_budget >= 0 && std::isfinite(options.gpu_kv_budget),
+            "--gpu-kv-budget {}: expected bytes (>= 1) or a fraction of the free GPU memory in (0, 1)",
+            options.gpu_kv_budget);
+  KVT_CHECK(options.gpu_kv_budget == 0 || options.device == "cuda",
+            "--gpu-kv-budget needs --device cuda (on the CPU the key index and windows live in host memory and "
+            "are charged to --host-kv-budget)");
   if (options.device == "cuda") impl.gpu = make_gpu_model(*impl.model, options.cuda_graphs && !options.stage_times);
+  if (options.gpu_kv_budget >= 1) {
+    impl.gpu_kv_budget_bytes = int64_t(options.gpu_kv_budget);
+  } else if (options.gpu_kv_budget > 0) {
+    const auto [free_b, total_b] = impl.gpu->device().mem_info();
+    impl.gpu_kv_budget_bytes = std::max<int64_t>(1, int64_t(options.gpu_kv_budget * double(free_b)));
+  }
   if (options.stage_times) {
     impl.clock = std::make_unique<StageClock>(options.device == "cuda" ? DeviceKind::cuda : DeviceKind::cpu);
     (impl.gpu ? impl.gpu->device() : impl.cpu).set_clock(impl.clock.get());
@@ -434,6 +449,7 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& options) {
 
 const ModelConfig& Engine::config() const { return impl_->model->config(); }
 const EngineOptions& Engine::options() const { return impl_->options; }
+int64_t Engine::gpu_kv_budget_bytes() const { return impl_->gpu_kv_budget_bytes; }
 Model& Engine::model() { return *impl_->model; }
 
 std::vector<std::pair<std::string, double>> Engine::stage_times_ms(bool reset) {
@@ -492,6 +508,13 @@ std::unique_ptr<Sequence> Engine::start(std::vector<int32_t> prompt, const Sampl
   s->engine = &impl;
   const int64_t n_total = std::min<int64_t>(int64_t(prompt.size()) + sampling.max_new_tokens, impl.max_context);
   s->kv = make_cache(impl, kv_policy, n_total);
+  if (impl.gpu_kv_budget_bytes > 0) {
+    const int64_t need = kv_gpu_charge(policy, impl.model->kv_geometry(), int64_t(prompt.size()), n_total).peak();
+    if (need > impl.gpu_kv_budget_bytes)
+      throw LimitError(fmt::format(
+          "context of {} tokens needs {} bytes of GPU KV with policy '{}', over the GPU KV budget of {} bytes",
+          n_total, need, kv_policy, impl.gpu_kv_budget_bytes));
+  }
   if (impl.options.host_kv_budget_bytes > 0) {
     const int64_t need = kv_charge_bytes(policy, impl.model->kv_geometry(), n_total, !impl.gpu);
     if (need > impl.options.host_kv_budget_bytes)
@@ -507,8 +530,12 @@ std::unique_ptr<Sequence> Engine::start(std::vector<int32_t> prompt, const Sampl
   // The GPU sizes its caches for the prompt and a first stretch of generation
   // (growing later if needed): a request's max_new_tokens is often far more
   // than it generates, and concurrent sequences share the GPU.
-  const int64_t n_ctx = std::min<int64_t>(int64_t(s->prompt.size()) + std::min(sampling.max_new_tokens, 4096),
-                                          impl.max_context);
+  // Under a GPU KV budget the whole charge is reserved anyway: room for all
+  // n_total tokens, so the cache never doubles past what was charged.
+  const int64_t n_ctx = impl.gpu_kv_budget_bytes > 0
+                            ? n_total
+                            : std::min<int64_t>(int64_t(s->prompt.size()) + std::min(sampling.max_new_tokens, 4096),
+                                                impl.max_context);
   s->kv->reserve(n_ctx);
   if (impl.gpu) s->gpu = impl.gpu->start(capacity);
   else s->scratch = impl.model->make_scratch(capacity);

@@ -4,6 +4,7 @@
 // the bytes the caches hold.
 #include <algorithm>
 
+#include "core/status.h"
 #include "kv/kv_plan.h"
 #include "ops/quant/quant_format.h"
 
@@ -48,6 +49,41 @@ int64_t kv_charge_bytes(const PolicyConfig& p, const KvGeometry& g, int64_t n_ct
   fit_plan_to_tokens(plan, n_ctx);
   const KvFootprint f = plan_footprint(plan, n_ctx);
   return f.host_bytes + (gpu_tier_in_host ? f.gpu_bytes : 0);
+}
+
+KvGpuCharge kv_gpu_charge(const PolicyConfig& p, const KvGeometry& g, int64_t n_prompt, int64_t n_total) {
+  KVT_CHECK(n_prompt >= 0 && n_total >= n_prompt, "kv_gpu_charge: {} prompt tokens of {}", n_prompt, n_total);
+  KvPlan plan = plan_kv(p, g, DeviceKind::cuda);
+  fit_plan_to_tokens(plan, n_total);
+  const KvFootprint f = plan_footprint(plan, n_total);
+  KvGpuCharge c;
+  c.decode_bytes = f.gpu_bytes;
+  if (plan.dense) {
+    c.prefill_bytes = f.gpu_bytes;
+    return c;
+  }
+  // Per KV head and layer (TieredSeq::memory): the selection's slot numbers,
+  // and under step the budget's slots (whole chunks) with their selection
+  // state; under all every token's slot (in the footprint; the cache holds
+  // room for at least kTieredMinCapacity tokens) and a bitmap word more per
+  // 32 tokens than its 1/8 byte. The engine reserves n_total tokens up front
+  // under a GPU budget, so the cache never doubles past them.
+  const int64_t HL = int64_t(g.n_kv_head) * g.n_layer;
+  const int64_t kmax = std::max<int64_t>(1, budget_tokens(plan.policy, n_prompt) / plan.chunk) * plan.chunk;
+  c.decode_bytes += kmax * 4 * HL;
+  if (plan.policy.cache == CacheMode::all) {
+    const int64_t room = std::max(n_total, kTieredMinCapacity) - n_total;
+    c.decode_bytes += (room * plan.slot_bytes + (room + 7) / 8 + 4) * HL;
+  } else {
+    c.decode_bytes += kmax * (plan.slot_bytes + 4) * HL;
+  }
+  // While the prompt runs: the index and windows, and the bf16 K|V copy the
+  // prefill attends over, both allocated for the reserved n_total tokens.
+  KvPlan at_prompt = plan;
+  at_prompt.policy.cache = CacheMode::step;  // no slot exists before decode starts
+  const int64_t cap = std::max(n_total, kTieredMinCapacity);
+  c.prefill_bytes = plan_footprint(at_prompt, n_total).gpu_bytes + cap * HL * 2 * g.head_dim * 2;
+  return c;
 }
 
 void fit_plan_to_tokens(KvPlan& plan, int64_t n_total) {

@@ -92,4 +92,8 @@ KvFootprint plan_footprint(const KvPlan& plan, int64_t n_ctx);
 // results; a large `sink=` or `local=` costs only the tokens that can exist.
 void fit_plan_to_tokens(KvPlan& plan, int64_t n_total);
 
+// The fewest tokens a tiered cache allocates room for (its buffers then
+// double as the sequence grows past them).
+constexpr int64_t kTieredMinCapacity = 256;
+
 }  // namespace kvtier

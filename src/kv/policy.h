@@ -101,4 +101,19 @@ KvFootprint kv_footprint(const PolicyConfig& p, const KvGeometry& g, int64_t n_c
 // sink/local windows in host memory too). Windows count at most n_ctx tokens.
 int64_t kv_charge_bytes(const PolicyConfig& p, const KvGeometry& g, int64_t n_ctx, bool gpu_tier_in_host);
 
+// What a sequence with an n_prompt-token prompt and up to n_total tokens holds
+// in GPU memory on a CUDA device, the bytes a GPU KV budget is charged: while
+// its prompt runs (an offloaded policy prefills over a bf16 K/V copy, then
+// moves the K/V to the host tier) and while it decodes (key index, resident
+// windows, SVD factors, and the slot cache: budget-sized under cache=step and
+// cache=auto, every token's under cache=all). `full` holds the same bf16 K/V
+// in both phases. Buffers are counted at the capacity the engine reserves
+// under a GPU budget: n_total tokens.
+struct KvGpuCharge {
+  int64_t prefill_bytes = 0;
+  int64_t decode_bytes = 0;
+  int64_t peak() const { return prefill_bytes > decode_bytes ? prefill_bytes : decode_bytes; }
+};
+KvGpuCharge kv_gpu_charge(const PolicyConfig& p, const KvGeometry& g, int64_t n_prompt, int64_t n_total);
+
 }  // namespace kvtier

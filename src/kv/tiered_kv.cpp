@@ -177,7 +177,7 @@ void TieredSeq::reserve(int64_t n) {
 void TieredSeq::grow(int64_t need) {
   const KvGeometry& g = plan_.geometry;
   const int H = g.n_kv_head, D = g.head_dim, W = H * D;
-  const int64_t cap = std::max<int64_t>({need, 2 * cap_, 256});
+  const int64_t cap = std::max<int64_t>({need, 2 * cap_, kTieredMinCapacity});
   const int64_t cap_chunks = cap / plan_.chunk + 1, cap_units = cap / plan_.unit + 1;
   int64_t p0_row = 0, p1_row = 0;
   if (plan_.index == IndexLayout::higgs2_planar) {

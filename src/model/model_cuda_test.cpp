@@ -15,6 +15,7 @@
 
 #include "backend/cuda_test_util.h"
 #include "kv/kv_cache.h"
+#include "kv/policy.h"
 #include "kvtier/engine.h"
 #include "model/model_cuda.h"
 #include "ops/embed/embed_cuda.h"
@@ -300,6 +301,53 @@ TEST(GpuModel, EngineRunsOnCudaAndMatchesCpuLogits) {
     if (policy == "full") EXPECT_GT(r.kv_memory.gpu_bytes, 0);
     else EXPECT_GT(r.kv_memory.host_bytes, 0);
   }
+}
+
+// --gpu-kv-budget on CUDA: the charge (kv_gpu_charge) bounds what each
+// policy's sequence holds on the GPU, a budget one byte under a request's
+// charge refuses it and one at the charge runs it, and under a budget
+// cache=auto keeps budget-sized slots (the step charge), not every token's.
+TEST(GpuModel, EngineGpuKvBudgetBoundsWhatSequencesHold) {
+  KVT_REQUIRE_GPU();
+  const std::string path = model_cases()[2].write();
+  EngineOptions o;
+  o.model_path = path;
+  o.prefill_chunk = 32;
+  o.device = "cuda";
+  o.gpu_kv_budget = 0.5;
+  auto half = Engine::load(o);
+  Device probe(DeviceKind::cuda);
+  const size_t total_b = probe.mem_info().second;
+  EXPECT_GT(half->gpu_kv_budget_bytes(), 0);
+  EXPECT_LE(half->gpu_kv_budget_bytes(), int64_t(total_b) / 2);
+  const auto prompt = test_prompt(100, half->config().n_vocab);
+  SamplingParams s;
+  s.max_new_tokens = 8;
+  s.ignore_eos = true;
+  const KvGeometry g = half->model().kv_geometry();
+  const int64_t n_prompt = int64_t(prompt.size()), n_total = n_prompt + s.max_new_tokens;
+  for (const std::string policy : {"full", "yakv", "yakv,cache=step", "yakv,cache=all", "shadowkv"}) {
+    const KvGpuCharge c = kv_gpu_charge(parse_policy(policy), g, n_prompt, n_total);  // auto: charged as step
+    const GenerationResult r = half->generate(prompt, s, policy);
+    std::printf("[gpu kv budget] %-16s holds %lld GPU bytes, charged %lld (prefill %lld)\n", policy.c_str(),
+                static_cast<long long>(r.kv_memory.gpu_bytes), static_cast<long long>(c.decode_bytes),
+                static_cast<long long>(c.prefill_bytes));
+    EXPECT_EQ(r.tokens.size(), 8u) << policy;
+    EXPECT_GT(r.kv_memory.gpu_bytes, 0) << policy;
+    EXPECT_LE(r.kv_memory.gpu_bytes, c.decode_bytes) << policy;
+    // A budget one byte under the charge refuses the request; one at it runs it.
+    EngineOptions t = o;
+    t.gpu_kv_budget = double(c.peak() - 1);
+    EXPECT_THROW(Engine::load(t)->start(prompt, s, policy), LimitError) << policy;
+    t.gpu_kv_budget = double(c.peak());
+    EXPECT_EQ(Engine::load(t)->generate(prompt, s, policy).tokens.size(), 8u) << policy;
+  }
+  // Without a budget, cache=auto may keep every token's slot (free memory
+  // allows it here): more than the step charge the budgeted run kept.
+  o.gpu_kv_budget = 0;
+  auto unbounded = Engine::load(o);
+  const GenerationResult r = unbounded->generate(prompt, s, "yakv");
+  EXPECT_GT(r.kv_memory.gpu_bytes, kv_gpu_charge(parse_policy("yakv"), g, n_prompt, n_total).decode_bytes);
 }
 
 // GpuModel::forward_decode: sequences of different lengths and policies

@@ -84,7 +84,7 @@ struct HttpServer::Impl {
       : engine(e),
         options(o),
         limits(make_limits(e, o.max_prompt_tokens, o.max_new_tokens, o.default_kv_policy)),
-        scheduler(e, SchedulerOptions{o.max_active, o.max_queue, o.host_kv_budget_bytes}),
+        scheduler(e, SchedulerOptions{o.max_active, o.max_queue, o.host_kv_budget_bytes, e.gpu_kv_budget_bytes()}),
         metrics(e.model_name(), limits.n_ctx),
         model_id(e.model_name()),
         call_ctx{scheduler, metrics, e.tokenizer(), std::chrono::milliseconds(o.heartbeat_ms),
@@ -178,9 +178,12 @@ struct HttpServer::Impl {
     g.kv_host_bytes = s.kv_host_bytes;
     g.host_kv_reserved_bytes = s.host_kv_reserved_bytes;
     g.host_kv_budget_bytes = options.host_kv_budget_bytes;
-    g.kv_cache_usage = options.host_kv_budget_bytes > 0
-                           ? double(s.host_kv_reserved_bytes) / double(options.host_kv_budget_bytes)
-                           : 0.0;
+    g.gpu_kv_reserved_bytes = s.gpu_kv_reserved_bytes;
+    g.gpu_kv_budget_bytes = engine.gpu_kv_budget_bytes();
+    // vLLM's gauge: the fuller of the two pools that have a budget.
+    auto usage = [](int64_t reserved, int64_t budget) { return budget > 0 ? double(reserved) / double(budget) : 0.0; };
+    g.kv_cache_usage = std::max(usage(s.host_kv_reserved_bytes, options.host_kv_budget_bytes),
+                                usage(s.gpu_kv_reserved_bytes, g.gpu_kv_budget_bytes));
     g.open_connections = conn_ctx->n_open.load();
     g.rejected = s.n_rejected;
     g.cancelled = n_cancelled.load();
@@ -199,6 +202,7 @@ struct HttpServer::Impl {
         {"kv_gpu_bytes", s.kv_gpu_bytes},
         {"kv_host_bytes", s.kv_host_bytes},
         {"host_kv_reserved_bytes", s.host_kv_reserved_bytes},
+        {"gpu_kv_reserved_bytes", s.gpu_kv_reserved_bytes},
         {"open_connections", conn_ctx->n_open.load()},
         {"open_requests", n_open_calls.load()},
         {"requests",
@@ -215,6 +219,7 @@ struct HttpServer::Impl {
           {"max_active", options.max_active},
           {"max_queue", options.max_queue},
           {"host_kv_budget_bytes", options.host_kv_budget_bytes},
+          {"gpu_kv_budget_bytes", engine.gpu_kv_budget_bytes()},
           {"header_timeout_seconds", options.header_timeout_seconds},
           {"request_timeout_seconds", options.request_timeout_seconds},
           {"max_connections", options.max_connections}}},

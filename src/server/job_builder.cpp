@@ -151,6 +151,12 @@ Job build_job(const ApiRequest& r, const Engine& engine, const ServerLimits& lim
     // Charged to --host-kv-budget: on the CPU device the GPU tier is host memory too.
     job.host_kv_bytes = kv_charge_bytes(policy, geometry_of(engine.config()), n_prompt + max_new,
                                         engine.options().device == "cpu");
+    // Charged to --gpu-kv-budget (--device cuda): what the sequence holds on the GPU.
+    if (engine.options().device == "cuda") {
+      const KvGpuCharge g = kv_gpu_charge(policy, geometry_of(engine.config()), n_prompt, n_prompt + max_new);
+      job.gpu_kv_prefill_bytes = g.prefill_bytes;
+      job.gpu_kv_bytes = g.decode_bytes;
+    }
   } catch (const Error& e) {
     throw RequestError(400, fmt::format("kv_policy '{}' does not fit this model: {}",
                                         job.kv_policy, e.what()),

@@ -165,6 +165,9 @@ std::string Metrics::render(const ServerGauges& g) const {
   gauge("kvtier:host_kv_reserved_bytes", "Host KV bytes reserved by running requests (charged to the budget).",
         double(g.host_kv_reserved_bytes));
   gauge("kvtier:host_kv_budget_bytes", "The server's host KV budget (0: none).", double(g.host_kv_budget_bytes));
+  gauge("kvtier:gpu_kv_reserved_bytes", "GPU KV bytes reserved by running requests (charged to the budget).",
+        double(g.gpu_kv_reserved_bytes));
+  gauge("kvtier:gpu_kv_budget_bytes", "The server's GPU KV budget (0: none).", double(g.gpu_kv_budget_bytes));
   gauge("kvtier:open_connections", "Open HTTP connections.", double(g.open_connections));
   counter("kvtier:requests_rejected", "Requests refused at admission (queue full, shutting down, budget).",
           double(g.rejected));

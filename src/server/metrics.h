@@ -54,6 +54,8 @@ struct ServerGauges {
   int64_t kv_host_bytes = 0;
   int64_t host_kv_reserved_bytes = 0;
   int64_t host_kv_budget_bytes = 0;
+  int64_t gpu_kv_reserved_bytes = 0;
+  int64_t gpu_kv_budget_bytes = 0;
   int64_t open_connections = 0;
   uint64_t rejected = 0;   // refused at submit (queue full, shutting down, budget)
   uint64_t cancelled = 0;  // client went away or timed out

@@ -96,6 +96,8 @@ Scheduler::Scheduler(Engine& engine, const SchedulerOptions& options)
             options_.max_queue);
   KVT_CHECK(options_.host_kv_budget_bytes >= 0,
             "scheduler: host_kv_budget_bytes must be ≥ 0, got {}", options_.host_kv_budget_bytes);
+  KVT_CHECK(options_.gpu_kv_budget_bytes >= 0, "scheduler: gpu_kv_budget_bytes must be ≥ 0, got {}",
+            options_.gpu_kv_budget_bytes);
   worker_ = std::thread([this] { worker_loop(); });
 }
 
@@ -110,6 +112,16 @@ std::shared_ptr<Channel> Scheduler::submit(Job job) {
                        fmt::format("the request needs up to {} bytes of host KV memory (prompt + "
                                    "max_tokens); the server's host KV budget is {} bytes",
                                    job.host_kv_bytes, budget),
+                       "max_tokens", "kv_budget_exceeded");
+  }
+  const int64_t gpu_budget = options_.gpu_kv_budget_bytes;
+  if (gpu_budget > 0 && job.gpu_kv_peak() > gpu_budget) {
+    std::lock_guard lk(mu_);
+    ++stats_.n_rejected;
+    throw RequestError(400,
+                       fmt::format("the request needs up to {} bytes of GPU KV memory (prompt + max_tokens); the "
+                                   "server's GPU KV budget is {} bytes",
+                                   job.gpu_kv_peak(), gpu_budget),
                        "max_tokens", "kv_budget_exceeded");
   }
   auto ch = std::make_shared<Channel>();
@@ -203,15 +215,19 @@ void Scheduler::admit(std::vector<Active>& active) {
       }
       stats_.n_queued = int(queue_.size());
       if (queue_.empty() || int(active.size()) >= options_.max_active) return;
-      const int64_t need = queue_.front()->job_.host_kv_bytes;
-      const int64_t budget = options_.host_kv_budget_bytes;
-      // FIFO: the head waits for budget rather than being overtaken, so a large
-      // request is not starved by a stream of small ones.
-      if (budget > 0 && !active.empty() && stats_.host_kv_reserved_bytes + need > budget) return;
+      const Job& head = queue_.front()->job_;
+      const int64_t need = head.host_kv_bytes, gpu_need = head.gpu_kv_peak();
+      const int64_t budget = options_.host_kv_budget_bytes, gpu_budget = options_.gpu_kv_budget_bytes;
+      // FIFO: the head waits for both budgets rather than being overtaken, so
+      // a large request is not starved by a stream of small ones.
+      if (!active.empty() && ((budget > 0 && stats_.host_kv_reserved_bytes + need > budget) ||
+                              (gpu_budget > 0 && stats_.gpu_kv_reserved_bytes + gpu_need > gpu_budget)))
+        return;
       ch = queue_.front();
       queue_.pop_front();
       stats_.n_queued = int(queue_.size());
       stats_.host_kv_reserved_bytes += need;
+      stats_.gpu_kv_reserved_bytes += gpu_need;
       stats_.n_active = int(active.size()) + 1;
     }
     {
@@ -234,6 +250,7 @@ void Scheduler::admit(std::vector<Active>& active) {
       {
         std::lock_guard lk(mu_);
         stats_.host_kv_reserved_bytes -= job.host_kv_bytes;
+        stats_.gpu_kv_reserved_bytes -= job.gpu_kv_peak();
         stats_.n_active = int(active.size());
         ++stats_.n_failed;
       }
@@ -241,8 +258,14 @@ void Scheduler::admit(std::vector<Active>& active) {
       idle_cv_.notify_all();
       continue;
     }
-    active.push_back({std::move(ch), std::move(seq)});
+    const int64_t gpu_charged = ch->job_.gpu_kv_peak();
+    active.push_back({std::move(ch), std::move(seq), gpu_charged});
   }
+}
+
+void Scheduler::release_budgets(const Active& a) {
+  stats_.host_kv_reserved_bytes -= a.channel->job_.host_kv_bytes;
+  stats_.gpu_kv_reserved_bytes -= a.gpu_charged;
 }
 
 void Scheduler::finish_active(Active& a, bool cancelled_by_server) {
@@ -251,7 +274,7 @@ void Scheduler::finish_active(Active& a, bool cancelled_by_server) {
   GenerationResult r = a.sequence->result();
   a.sequence.reset();  // frees the sequence's KV memory now
   std::lock_guard lk(mu_);
-  stats_.host_kv_reserved_bytes -= ch.job_.host_kv_bytes;
+  release_budgets(a);
   if (cancelled_by_server) {
     ++stats_.n_failed;
     ch.fail({503, "the server is shutting down; the request was cancelled", "server_error",
@@ -301,11 +324,18 @@ void Scheduler::step_round(std::vector<Active>& active) {
       // A step that ran a prompt chunk but not yet the first token reports nothing.
       if (r.stepped && (a.sequence->prompt_done() || a.sequence->finished()))
         a.channel->push(r.piece, round, std::move(lps));
-      if (!r.stepped || a.sequence->finished()) finish_active(a, false);
+      if (!r.stepped || a.sequence->finished()) {
+        finish_active(a, false);
+      } else if (a.sequence->prompt_done() && a.gpu_charged > a.channel->job_.gpu_kv_bytes) {
+        // The prompt's bf16 K/V has moved to the host tier: the decode charge remains.
+        std::lock_guard lk(mu_);
+        stats_.gpu_kv_reserved_bytes -= a.gpu_charged - a.channel->job_.gpu_kv_bytes;
+        a.gpu_charged = a.channel->job_.gpu_kv_bytes;
+      }
     } catch (const std::exception& e) {
       a.sequence.reset();
       std::lock_guard lk(mu_);
-      stats_.host_kv_reserved_bytes -= a.channel->job_.host_kv_bytes;
+      release_budgets(a);
       ++stats_.n_failed;
       a.channel->fail({500, fmt::format("internal error while generating: {}", e.what())});
     }

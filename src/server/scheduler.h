@@ -8,6 +8,7 @@
 // (a client that went away), and the worker destroys a cancelled Sequence at
 // the next round, which frees its KV memory.
 #pragma once
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -33,6 +34,12 @@ struct Job {
   // Host-tier KV bytes the request may reach (prompt + max new tokens), held
   // against SchedulerOptions::host_kv_budget_bytes while it is active.
   int64_t host_kv_bytes = 0;
+  // GPU KV bytes (kv_gpu_charge) while the prompt runs and while it decodes,
+  // held against SchedulerOptions::gpu_kv_budget_bytes: the larger until the
+  // prompt is done, then the decode charge.
+  int64_t gpu_kv_prefill_bytes = 0;
+  int64_t gpu_kv_bytes = 0;
+  int64_t gpu_kv_peak() const { return std::max(gpu_kv_prefill_bytes, gpu_kv_bytes); }
 };
 
 // Why a request ended without a result: an HTTP status and OpenAI error fields.
@@ -108,6 +115,7 @@ struct SchedulerOptions {
   int max_active = 4;   // sequences decoding at once
   int max_queue = 64;   // requests waiting for a busy slot; more → 503
   int64_t host_kv_budget_bytes = 0;  // 0: no limit; else Σ Job::host_kv_bytes of active ≤ this
+  int64_t gpu_kv_budget_bytes = 0;   // 0: no limit; else Σ of the active jobs' GPU charges ≤ this
 };
 
 struct SchedulerStats {
@@ -117,6 +125,7 @@ struct SchedulerStats {
   int64_t kv_gpu_bytes = 0;   // GPU-tier KV bytes held by active sequences now
   int64_t kv_host_bytes = 0;  // host-tier KV bytes held by active sequences now
   int64_t host_kv_reserved_bytes = 0;  // Σ Job::host_kv_bytes of active sequences
+  int64_t gpu_kv_reserved_bytes = 0;   // Σ of the active sequences' GPU charges (Job::gpu_kv_*)
   uint64_t n_completed = 0;
   uint64_t n_cancelled = 0;
   uint64_t n_failed = 0;
@@ -151,7 +160,10 @@ class Scheduler {
   struct Active {
     std::shared_ptr<Channel> channel;
     std::unique_ptr<Sequence> sequence;
+    int64_t gpu_charged = 0;  // held against the GPU budget now
   };
+  // Gives back what `a` holds of both budgets (under mu_).
+  void release_budgets(const Active& a);
   void worker_loop();
   void admit(std::vector<Active>& active);
   void step_round(std::vector<Active>& active);

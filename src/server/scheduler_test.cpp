@@ -192,6 +192,39 @@ TEST_F(SchedulerTest, HostBudgetLimitsWhatRunsAtOnce) {
   }
 }
 
+// The GPU budget holds a sequence's prompt charge until its prompt has run,
+// then its decode charge: a second long prompt waits for the first's prefill,
+// not for its whole generation.
+TEST_F(SchedulerTest, GpuBudgetHoldsThePromptChargeUntilThePromptIsDone) {
+  SchedulerOptions o{4, 8, 0, 1000};
+  Scheduler s(*engine_, o);
+  std::vector<std::shared_ptr<Channel>> chs;
+  for (int i = 0; i < 2; ++i) {
+    Job j = job("GPU budget test", 8, true);
+    j.gpu_kv_prefill_bytes = 700;
+    j.gpu_kv_bytes = 200;
+    chs.push_back(s.submit(std::move(j)));
+  }
+  for (auto& c : chs) c->wait_finished();
+  const auto a = chs[0]->step_rounds(), b = chs[1]->step_rounds();
+  ASSERT_EQ(a.size(), 8u);
+  ASSERT_EQ(b.size(), 8u);
+  EXPECT_GT(b.front(), a.front());  // 700 + 700 > 1000: waited for A's prompt
+  EXPECT_LT(b.front(), a.back());   // 200 + 700 ≤ 1000: ran beside A's decode
+  EXPECT_EQ(s.stats().gpu_kv_reserved_bytes, 0);
+  // A request whose larger phase exceeds the whole budget can never run: 400.
+  Job big = job("Too big", 5);
+  big.gpu_kv_prefill_bytes = 10;
+  big.gpu_kv_bytes = 1001;
+  try {
+    s.submit(std::move(big));
+    FAIL() << "a job over the whole GPU budget was queued";
+  } catch (const RequestError& e) {
+    EXPECT_EQ(e.status(), 400);
+    EXPECT_EQ(e.code(), "kv_budget_exceeded");
+  }
+}
+
 TEST_F(SchedulerTest, EngineRefusalsBecomeRequestErrors) {
   Scheduler s(*engine_, {2, 8, 0});
   Job bad = job("x", 4);

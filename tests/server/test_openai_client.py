@@ -288,6 +288,8 @@ def test_limits_answer_4xx_and_503(make_server):
     h = s.wait_idle()
     assert h["requests"]["rejected"] >= 1
     assert h["host_kv_reserved_bytes"] == 0
+    assert h["gpu_kv_reserved_bytes"] == 0  # --device cpu: no GPU pool
+    assert h["limits"]["gpu_kv_budget_bytes"] == 0
 
 
 def test_sigterm_finishes_active_requests_and_exits_0(make_server):
