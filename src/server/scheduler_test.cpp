@@ -212,6 +212,20 @@ TEST_F(SchedulerTest, GpuBudgetHoldsThePromptChargeUntilThePromptIsDone) {
   EXPECT_GT(b.front(), a.front());  // 700 + 700 > 1000: waited for A's prompt
   EXPECT_LT(b.front(), a.back());   // 200 + 700 ≤ 1000: ran beside A's decode
   EXPECT_EQ(s.stats().gpu_kv_reserved_bytes, 0);
+  // Cancellation gives back both pools.
+  Job endless = job("Endless:", 100000, true);
+  endless.gpu_kv_prefill_bytes = 900;
+  endless.gpu_kv_bytes = 300;
+  endless.host_kv_bytes = 50;
+  auto running = s.submit(std::move(endless));
+  ASSERT_TRUE(eventually([&] { return running->step_rounds().size() >= 2; }));
+  EXPECT_EQ(s.stats().gpu_kv_reserved_bytes, 300);  // past its prompt: the decode charge
+  EXPECT_EQ(s.stats().host_kv_reserved_bytes, 50);
+  s.cancel(*running);
+  running->wait_finished();
+  ASSERT_TRUE(eventually([&] { return s.stats().n_active == 0; }));
+  EXPECT_EQ(s.stats().gpu_kv_reserved_bytes, 0);
+  EXPECT_EQ(s.stats().host_kv_reserved_bytes, 0);
   // A request whose larger phase exceeds the whole budget can never run: 400.
   Job big = job("Too big", 5);
   big.gpu_kv_prefill_bytes = 10;
