@@ -129,6 +129,37 @@ TEST(EngineLimits, GpuChargeFollowsThePhases) {
   EXPECT_EQ(autoc.decode_bytes, step.decode_bytes);  // auto is charged as step
   EXPECT_EQ(step.peak(), step.prefill_bytes);
   EXPECT_THROW(kv_gpu_charge(parse_policy("full"), g, 10, 5), Error);
+  // prefill=stream holds one layer's bf16 K|V copy instead of every layer's
+  // (and fetch_dense's staging); the decode charge is the same.
+  const KvGpuCharge stream = kv_gpu_charge(parse_policy("yakv,cache=step,prefill=stream"), g, n_prompt, n_total);
+  EXPECT_EQ(stream.decode_bytes, step.decode_bytes);
+  EXPECT_LT(stream.prefill_bytes, step.prefill_bytes - n_total * kv_row * 31 / 32 + (int64_t(1) << 26));
+  EXPECT_GT(stream.prefill_bytes, step.prefill_bytes - n_total * kv_row * 31 / 32);
+  EXPECT_EQ(stream.peak(), std::max(stream.prefill_bytes, stream.decode_bytes));
+}
+
+// Under a GPU budget the automatic choices follow the charge: cache=auto is
+// step, and prefill=auto is dense while the dense copy's charge fits, else stream.
+TEST(EngineLimits, GpuBudgetStreamsThePrefillThatWouldNotFit) {
+  KvGeometry g;
+  g.n_layer = 32;
+  g.n_head = 32;
+  g.n_kv_head = 8;
+  g.head_dim = 128;
+  const int64_t n_prompt = 131072, n_total = n_prompt + 512;
+  const PolicyConfig yakv = parse_policy("yakv");
+  const int64_t dense = kv_gpu_charge(policy_under_gpu_budget(yakv, g, n_prompt, n_total, int64_t(1) << 50), g,
+                                      n_prompt, n_total).peak();
+  const PolicyConfig roomy = policy_under_gpu_budget(yakv, g, n_prompt, n_total, dense);
+  EXPECT_EQ(roomy.prefill, PrefillMode::dense);
+  EXPECT_EQ(roomy.cache, CacheMode::step);
+  const PolicyConfig tight = policy_under_gpu_budget(yakv, g, n_prompt, n_total, dense - 1);
+  EXPECT_EQ(tight.prefill, PrefillMode::stream);
+  EXPECT_LT(kv_gpu_charge(tight, g, n_prompt, n_total).peak(), dense / 4);
+  // What was asked for stays.
+  EXPECT_EQ(policy_under_gpu_budget(parse_policy("yakv,prefill=dense"), g, n_prompt, n_total, 1).prefill,
+            PrefillMode::dense);
+  EXPECT_EQ(policy_under_gpu_budget(parse_policy("full"), g, n_prompt, n_total, 1).prefill, PrefillMode::auto_);
 }
 
 TEST(EngineLimits, GpuBudgetNeedsTheCudaDevice) {

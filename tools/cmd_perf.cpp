@@ -25,8 +25,12 @@ struct PerfArgs {
   std::vector<int> batch{1};
   int n_gen = 128;
   int reps = 3;
+  int64_t random_kv = 0;  // prompt tokens whose K/V are random (Sequence::fill_prompt_kv_random)
   bool json = false;
 };
+
+// Prompts longer than this show prefill progress (tok/s, ETA) on stderr.
+constexpr int kProgressTokens = 32768;
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -35,7 +39,9 @@ double median(std::vector<double> v) {
 
 void perf(const PerfArgs& a) {
   KVT_CHECK(!a.n_prompt.empty() && a.n_gen > 1 && a.reps > 0, "perf: need --prompt-tokens, --gen > 1 and --reps > 0");
-  for (int n : a.n_prompt) KVT_CHECK(n > 0, "perf: prompt length {} must be positive", n);
+  for (int n : a.n_prompt)
+    KVT_CHECK(n > 0 && a.random_kv < n, "perf: prompt length {} must be positive and longer than --random-kv {}", n,
+              a.random_kv);
   for (int b : a.batch) KVT_CHECK(b > 0 && b <= 4096, "perf: batch {} must be in [1, 4096]", b);
   for (const std::string& kv : a.kv) parse_policy(kv);  // every policy checked before any timing
   // One engine (weights loaded once) for every policy and prompt length.
@@ -56,6 +62,8 @@ void perf(const PerfArgs& a) {
         std::vector<double> pp, tg;
         KvMemory mem;
         KvStats st;
+        int64_t gpu_peak = 0, prefill_peak = 0;
+        bool streamed = false;
         engine->stage_times_ms(true);  // this run's stages only
         for (int r = 0; r < a.reps; ++r) {
           std::vector<std::unique_ptr<Sequence>> seqs;
@@ -65,6 +73,16 @@ void perf(const PerfArgs& a) {
             for (int i = 0; i < n_prompt; ++i) prompt[size_t(i)] = lo + int32_t((int64_t(i) * 7919 + b * 104729) % span);
             seqs.push_back(engine->start(std::move(prompt), s, kv));
             all.push_back(seqs.back().get());
+            if (a.random_kv > 0) seqs.back()->fill_prompt_kv_random(a.random_kv, uint64_t(b) + 1);
+            // GPU memory in use, sampled after every prompt chunk (the prefill's
+            // buffers are alive then) and after decoding; progress on long prompts.
+            auto progress = n_prompt > kProgressTokens ? prefill_progress() : nullptr;
+            Engine* e = engine.get();
+            seqs.back()->set_prefill_progress([progress, e, &gpu_peak, &prefill_peak](int64_t done, int64_t total) {
+              prefill_peak = std::max(prefill_peak, e->gpu_memory_in_use());
+              gpu_peak = std::max(gpu_peak, prefill_peak);
+              if (progress) progress(done, total);
+            });
           }
           // The first steps run each prompt (and take the first token); the
           // n_gen - 1 steps after them are the batch's decode forwards.
@@ -77,6 +95,7 @@ void perf(const PerfArgs& a) {
             for (const auto& res : engine->step_batch(all))
               if (res.error) std::rethrow_exception(res.error);
           const double decode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          gpu_peak = std::max(gpu_peak, engine->gpu_memory_in_use());
           double prefill_s = 0;
           mem = KvMemory{};
           st = KvStats{};
@@ -85,21 +104,25 @@ void perf(const PerfArgs& a) {
             prefill_s += q->result().prefill_seconds;
             mem.gpu_bytes += q->result().kv_memory.gpu_bytes;
             mem.host_bytes += q->result().kv_memory.host_bytes;
+            streamed = streamed || q->result().kv_memory.prefill_streamed;
             st += q->result().kv_stats;
           }
-          pp.push_back(double(n_prompt) * batch / prefill_s);
+          pp.push_back(double(n_prompt - a.random_kv) * batch / prefill_s);
           tg.push_back(double(batch) * (a.n_gen - 1) / decode_s);
         }
         const int64_t steps = int64_t(a.n_gen - 1);  // decode steps of the last repetition
         const double host_mb_step = steps > 0 ? double(st.bytes_fetched) / double(steps) / 1e6 : 0;
         const double pp_tps = median(pp), tg_tps = median(tg);
         const double ms_step = 1000.0 * batch / tg_tps;
-        nlohmann::json stages = nlohmann::json::object();  // ms per decode step, by stage
-        std::string stage_line;
+        // ms per decode step by stage, and ms per prompt by prefill stage ("prefill_*").
+        nlohmann::json stages = nlohmann::json::object(), prefill_stages = nlohmann::json::object();
+        std::string stage_line, prefill_line;
         for (const auto& [name, ms] : engine->stage_times_ms()) {
-          const double per = ms / double(int64_t(a.reps) * steps);
-          stages[name] = per;
-          stage_line += fmt::format("{}{} {:.3f}", stage_line.empty() ? "" : " · ", name, per);
+          const bool prefill = name.rfind("prefill_", 0) == 0;
+          const double per = ms / double(int64_t(a.reps) * (prefill ? batch : steps));
+          (prefill ? prefill_stages : stages)[name] = per;
+          std::string& line = prefill ? prefill_line : stage_line;
+          line += fmt::format("{}{} {:.3f}", line.empty() ? "" : " · ", name, per);
         }
         if (a.json) {
           nlohmann::json j{{"engine", "kvtier"},      {"model", a.engine.model_path},
@@ -112,7 +135,16 @@ void perf(const PerfArgs& a) {
                            {"ms_per_token", 1000.0 / tg_tps}, {"ms_per_step", ms_step},
                            {"selected_rows", st.n_selected}, {"fetched_rows", st.n_fetched},
                            {"hit_rate", st.hit_rate()},       {"host_bytes_per_step", host_mb_step * 1e6}};
-          if (a.engine.stage_times) j["stage_ms_per_step"] = stages;
+          if (a.engine.stage_times) {
+            j["stage_ms_per_step"] = stages;
+            j["prefill_stage_ms_per_prompt"] = prefill_stages;
+          }
+          if (a.engine.device == "cuda") {
+            j["gpu_mem_peak_bytes"] = gpu_peak;  // sampled after every prompt chunk and after decoding
+            j["gpu_mem_prefill_peak_bytes"] = prefill_peak;
+          }
+          j["prefill_streamed"] = streamed;
+          if (a.random_kv > 0) j["random_kv_tokens"] = a.random_kv;  // prefill_tok_s counts the rest
           if (a.engine.host_kv_budget_bytes > 0) j["host_kv_budget_bytes"] = a.engine.host_kv_budget_bytes;
           if (engine->gpu_kv_budget_bytes() > 0) j["gpu_kv_budget_bytes"] = engine->gpu_kv_budget_bytes();
           fmt::print("{}\n", j.dump());
@@ -123,6 +155,14 @@ void perf(const PerfArgs& a) {
                      st.n_selected ? fmt::format("{:.1f}", 100.0 * st.hit_rate()) : std::string("-"),
                      st.n_selected ? fmt::format("{:.2f}", host_mb_step) : std::string("-"));
           if (!stage_line.empty()) fmt::print("|  | stages, ms/step: {} |\n", stage_line);
+          if (!prefill_line.empty()) fmt::print("|  | prefill stages, ms/prompt: {} |\n", prefill_line);
+          if (a.random_kv > 0)
+            fmt::print("|  | the first {} prompt tokens' K/V are random (no forward pass); prefill tok/s counts the "
+                       "other {} |\n", a.random_kv, n_prompt - a.random_kv);
+          if (a.engine.device == "cuda")
+            fmt::print("|  | GPU memory in use at its sampled peak: {:.2f} GiB (prefill {:.2f} GiB) |\n",
+                       double(gpu_peak) / (1 << 30), double(prefill_peak) / (1 << 30));
+          if (streamed) fmt::print("|  | the prompt's attention streamed each layer's K/V from the host tier |\n");
         }
         std::fflush(stdout);
       }
@@ -143,6 +183,10 @@ Registration reg(60, [](CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("-g,--gen", a->n_gen, "tokens to generate")->capture_default_str();
   cmd->add_option("-r,--reps", a->reps, "repetitions (median reported)")->capture_default_str();
+  cmd->add_option("--random-kv", a->random_kv,
+                  "benchmarks of decode at contexts whose prefill does not fit a run: the first N prompt tokens' K/V "
+                  "are random values written straight into the cache (no forward pass); prefill tok/s counts the rest")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--json", a->json, "print one JSON line per run");
   cmd->add_flag("--stages", a->engine.stage_times,
                 "time each decode-step stage (index, select, fetch, attend, merge, append, model); "

@@ -63,21 +63,6 @@ void print_stats(const GenerationResult& r, bool quiet) {
 // Prompts of more than this many tokens show prefill progress on stderr.
 constexpr int64_t kPrefillProgressTokens = 2048;
 
-// "[kvtier] prefill 2048/7000 tokens (29%), 12.3 s" on stderr: rewritten in
-// place on a terminal, else one line at most every 5 s (and the last).
-std::function<void(int64_t, int64_t)> prefill_progress() {
-  const bool tty = isatty(fileno(stderr));
-  const auto t0 = std::chrono::steady_clock::now();
-  auto last = std::make_shared<double>(-1e9);
-  return [tty, t0, last](int64_t done, int64_t total) {
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!tty && done < total && s - *last < 5) return;
-    *last = s;
-    fmt::print(stderr, "{}[kvtier] prefill {}/{} tokens ({:.0f}%), {:.1f} s{}", tty ? "\r" : "", done, total,
-               100.0 * double(done) / double(total), s, tty && done < total ? "" : "\n");
-  };
-}
-
 GenerationResult stream(Engine& engine, const std::string& text, const RunArgs& a) {
   auto tokens = engine.tokenize(text, true);
   KVT_CHECK(!tokens.empty(), "the prompt is empty");

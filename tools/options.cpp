@@ -2,8 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <thread>
 
 #include "core/cpu_features.h"
@@ -128,6 +133,21 @@ std::unique_ptr<Engine> load_engine(const EngineOptions& o) {
                "never trained, so answers there are unreliable\n",
                o.max_context, train_ctx);
   return engine;
+}
+
+std::function<void(int64_t, int64_t)> prefill_progress() {
+  const bool tty = isatty(fileno(stderr));
+  const auto t0 = std::chrono::steady_clock::now();
+  auto last = std::make_shared<double>(-1e9);
+  return [tty, t0, last](int64_t done, int64_t total) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!tty && done < total && s - *last < 5) return;
+    *last = s;
+    const double rate = s > 0 ? double(done) / s : 0;
+    const std::string eta = done < total && rate > 0 ? fmt::format(", ETA {:.1f} s", double(total - done) / rate) : "";
+    fmt::print(stderr, "{}[kvtier] prefill {}/{} tokens ({:.0f}%), {:.0f} tok/s, {:.1f} s{}{}", tty ? "\r" : "", done,
+               total, 100.0 * double(done) / double(total), rate, s, eta, tty && done < total ? "" : "\n");
+  };
 }
 
 }  // namespace kvtier::tools

@@ -3,6 +3,7 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -22,5 +23,10 @@ std::unique_ptr<Engine> load_engine(const EngineOptions& o);
 
 // The default model's location (set up by scripts/fetch_default_model.sh).
 std::string default_model_path();
+
+// Prefill progress on stderr ("[kvtier] prefill 2048/7000 tokens (29%),
+// 1,234 tok/s, 12.3 s, ETA 3.2 s"): rewritten in place on a terminal, else one
+// line at most every 5 s (and the last). For Sequence::set_prefill_progress.
+std::function<void(int64_t, int64_t)> prefill_progress();
 
 }  // namespace kvtier::tools

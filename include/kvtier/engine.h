@@ -120,6 +120,13 @@ class Sequence {
   // Called after each prefill chunk with (prompt tokens done, prompt tokens),
   // so that a tool can show progress on a long prompt. Set before step().
   void set_prefill_progress(std::function<void(int64_t done, int64_t total)> on_progress);
+  // Benchmarks only (`kvtier perf --random-kv`): the K/V of the prompt's first
+  // n_tokens are random values (normal, one of a few random blocks of 4096
+  // tokens) written straight into the cache, every layer, with no forward
+  // pass; the rest of the prompt then runs through the model as usual. For
+  // decode timings at contexts whose prefill does not fit a run: the output
+  // is meaningless. Before the first step(); n_tokens < the prompt's length.
+  void fill_prompt_kv_random(int64_t n_tokens, uint64_t seed);
 
   struct State;
 
@@ -139,6 +146,9 @@ class Engine {
   // The GPU KV budget in bytes (EngineOptions::gpu_kv_budget resolved at
   // load); 0: none.
   int64_t gpu_kv_budget_bytes() const;
+  // --device cuda: GPU memory in use now (total − free, every allocation on
+  // the device, weights included); 0 on the CPU.
+  int64_t gpu_memory_in_use() const;
   const EngineOptions& options() const;
   std::string model_name() const;
 

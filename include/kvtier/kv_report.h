@@ -11,6 +11,9 @@ struct KvMemory {
   double host_bytes_per_token = 0;  // host tier (full K and V), all layers
   int64_t gpu_bytes = 0;            // now, for the tokens held (fixed buffers included)
   int64_t host_bytes = 0;
+  // The prompt's attention read each layer's K/V from the host tier (policy
+  // prefill=stream, or auto that chose it) rather than a dense copy.
+  bool prefill_streamed = false;
 };
 
 struct KvStats {

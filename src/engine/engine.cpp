@@ -8,8 +8,10 @@
 #include <cmath>
 #include <filesystem>
 #include <mutex>
+#include <random>
 
 #include "backend/stage_clock.h"
+#include "core/half.h"
 #include "core/status.h"
 #include "core/threads.h"
 #include "engine/logprobs.h"
@@ -96,14 +98,14 @@ size_t utf8_complete_prefix(const std::string& s, size_t from) {
 
 // The forward pass on the engine's device (Model::forward's contract).
 // With stage timing on, a decode step's work outside the KV cache's stages
-// is charged to "model".
+// is charged to "model", a prompt chunk's to "prefill_model".
 void forward(const Engine::Impl& e, GpuSequence* gpu, ForwardScratch& scratch, const int32_t* tokens, int n_tok,
              int64_t pos0, KvCache& kv, int n_logits, float* logits) {
   const Exec& x = e.device().exec();
-  if (n_tok == 1) stage(x, "model");
+  stage(x, n_tok == 1 ? "model" : "prefill_model");
   if (gpu) gpu->forward(tokens, n_tok, pos0, kv, n_logits, logits);
   else e.model->forward(tokens, n_tok, pos0, kv, scratch, n_logits, logits);
-  if (n_tok == 1) stage_stop(x);
+  stage_stop(x);
 }
 
 KvMemory kv_memory(const Sequence::State& s) { return s.kv ? s.kv->memory() : s.result.kv_memory; }
@@ -111,14 +113,15 @@ KvMemory kv_memory(const Sequence::State& s) { return s.kv ? s.kv->memory() : s.
 // A sequence's KV cache for `policy` on the engine's device ("analyze:…": the
 // CPU analysis cache).
 // n_total bounds the tokens the sequence will ever hold (fit_plan_to_tokens).
-std::unique_ptr<KvCache> make_cache(const Engine::Impl& e, const std::string& policy, int64_t n_total) {
+std::unique_ptr<KvCache> make_cache(const Engine::Impl& e, const std::string& policy, int64_t n_prompt,
+                                    int64_t n_total) {
   const KvGeometry g = e.model->kv_geometry();
   if (policy.rfind(kAnalysisPrefix, 0) == 0) {
     KVT_CHECK(!e.gpu, "kv analysis runs on the CPU (use --device cpu)");
     return std::make_unique<AnalysisKv>(policy.substr(kAnalysisPrefix.size()), g, e.cpu);
   }
   PolicyConfig p = parse_policy(policy);
-  if (e.gpu_kv_budget_bytes > 0 && p.cache == CacheMode::auto_) p.cache = CacheMode::step;  // what was charged
+  if (e.gpu_kv_budget_bytes > 0) p = policy_under_gpu_budget(p, g, n_prompt, n_total, e.gpu_kv_budget_bytes);
   KvPlan plan = plan_kv(p, g, e.device().kind());
   fit_plan_to_tokens(plan, n_total);
   return make_kv_cache(plan, e.device());
@@ -160,6 +163,47 @@ KvCache& Sequence::cache() {
 }
 
 KvMemory Sequence::kv_memory() const { return kvtier::kv_memory(*s_); }
+
+void Sequence::fill_prompt_kv_random(int64_t n_tokens, uint64_t seed) {
+  State& s = *s_;
+  KVT_CHECK(!s.prefilled && s.n_prefilled == 0, "random prompt K/V: the prompt has started");
+  KVT_CHECK(n_tokens >= 0 && n_tokens < int64_t(s.prompt.size()),
+            "random prompt K/V: {} tokens of a {}-token prompt (at least one must run through the model)", n_tokens,
+            s.prompt.size());
+  const KvGeometry g = s.engine->model->kv_geometry();
+  const int64_t W = int64_t(g.n_kv_head) * g.head_dim;
+  const Device& dev = s.engine->device();
+  const Exec& x = dev.exec();
+  const bool gpu = x.cuda();
+  constexpr int64_t kBlock = 4096;
+  constexpr int kBlocks = 4;
+  const int64_t rows = std::min(kBlock, std::max<int64_t>(1, n_tokens));
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<Buffer> blocks;  // [kBlocks][3]: pre-RoPE keys, keys, values, [rows][W] activations
+  for (int b = 0; b < kBlocks * 3; ++b) {
+    std::vector<float> f(size_t(rows * W));
+    for (float& v : f) v = d(rng);
+    Buffer buf = dev.alloc(f.size() * (gpu ? 2 : 4));
+    if (gpu) {
+      std::vector<uint16_t> h(f.size());
+      for (size_t i = 0; i < f.size(); ++i) h[i] = f32_to_bf16(f[i]);
+      copy(x, buf.data(), h.data(), h.size() * 2);
+      sync(x);
+    } else {
+      copy(x, buf.data(), f.data(), f.size() * 4);
+    }
+    blocks.push_back(std::move(buf));
+  }
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += rows) {
+    const int n = int(std::min(rows, n_tokens - t0));
+    const size_t b = size_t(t0 / rows % kBlocks) * 3;
+    for (int l = 0; l < g.n_layer; ++l)
+      s.kv->append(l, blocks[b].data(), blocks[b + 1].data(), blocks[b + 2].data(), W, n);
+  }
+  sync(x);
+  s.n_prefilled = n_tokens;
+}
 
 void Sequence::set_prefill_progress(std::function<void(int64_t, int64_t)> on_progress) {
   s_->on_prefill_progress = std::move(on_progress);
@@ -450,6 +494,11 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& options) {
 const ModelConfig& Engine::config() const { return impl_->model->config(); }
 const EngineOptions& Engine::options() const { return impl_->options; }
 int64_t Engine::gpu_kv_budget_bytes() const { return impl_->gpu_kv_budget_bytes; }
+int64_t Engine::gpu_memory_in_use() const {
+  if (!impl_->gpu) return 0;
+  const auto [free_b, total_b] = impl_->device().mem_info();
+  return int64_t(total_b) - int64_t(free_b);
+}
 Model& Engine::model() { return *impl_->model; }
 
 std::vector<std::pair<std::string, double>> Engine::stage_times_ms(bool reset) {
@@ -507,9 +556,14 @@ std::unique_ptr<Sequence> Engine::start(std::vector<int32_t> prompt, const Sampl
   auto s = std::make_unique<Sequence::State>();
   s->engine = &impl;
   const int64_t n_total = std::min<int64_t>(int64_t(prompt.size()) + sampling.max_new_tokens, impl.max_context);
-  s->kv = make_cache(impl, kv_policy, n_total);
+  s->kv = make_cache(impl, kv_policy, int64_t(prompt.size()), n_total);
   if (impl.gpu_kv_budget_bytes > 0) {
-    const int64_t need = kv_gpu_charge(policy, impl.model->kv_geometry(), int64_t(prompt.size()), n_total).peak();
+    const KvGeometry g = impl.model->kv_geometry();
+    const int64_t n_prompt = int64_t(prompt.size());
+    const int64_t need =
+        kv_gpu_charge(policy_under_gpu_budget(policy, g, n_prompt, n_total, impl.gpu_kv_budget_bytes), g, n_prompt,
+                      n_total)
+            .peak();
     if (need > impl.gpu_kv_budget_bytes)
       throw LimitError(fmt::format(
           "context of {} tokens needs {} bytes of GPU KV with policy '{}', over the GPU KV budget of {} bytes",
@@ -561,7 +615,7 @@ std::vector<float> Engine::logits(const std::vector<int32_t>& tokens, const std:
   KVT_CHECK(!tokens.empty(), "logits: no tokens");
   const Model& model = *impl_->model;
   const int n_vocab = model.config().n_vocab;
-  auto kv = make_cache(*impl_, kv_policy, int64_t(tokens.size()));
+  auto kv = make_cache(*impl_, kv_policy, int64_t(tokens.size()), int64_t(tokens.size()));
   const int chunk = impl_->options.prefill_chunk;
   const int capacity = std::min<int>(chunk, int(tokens.size()));
   ForwardScratch scratch;

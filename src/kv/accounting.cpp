@@ -82,8 +82,24 @@ KvGpuCharge kv_gpu_charge(const PolicyConfig& p, const KvGeometry& g, int64_t n_
   KvPlan at_prompt = plan;
   at_prompt.policy.cache = CacheMode::step;  // no slot exists before decode starts
   const int64_t cap = std::max(n_total, kTieredMinCapacity);
-  c.prefill_bytes = plan_footprint(at_prompt, n_total).gpu_bytes + cap * HL * 2 * g.head_dim * 2;
+  const bool stream = p.prefill == PrefillMode::stream;
+  const int64_t copies = stream ? g.n_kv_head : HL;  // KV heads × layers held in bf16
+  c.prefill_bytes = plan_footprint(at_prompt, n_total).gpu_bytes + cap * copies * 2 * g.head_dim * 2;
+  if (stream) {  // fetch_dense's staging: per KV head and token of a pass, the records and the list
+    const int64_t span = plan.host == HostLayout::values_only ? 2 * plan.host_entry_bytes : plan.host_entry_bytes;
+    c.prefill_bytes += int64_t(g.n_kv_head) * std::min(kStreamTokensPerPass, cap) * (span + 9) + 16;
+  }
   return c;
+}
+
+PolicyConfig policy_under_gpu_budget(PolicyConfig p, const KvGeometry& g, int64_t n_prompt, int64_t n_total,
+                                     int64_t budget) {
+  if (p.cache == CacheMode::auto_) p.cache = CacheMode::step;
+  if (p.index != IndexKind::none && p.prefill == PrefillMode::auto_) {
+    p.prefill = PrefillMode::dense;
+    if (kv_gpu_charge(p, g, n_prompt, n_total).peak() > budget) p.prefill = PrefillMode::stream;
+  }
+  return p;
 }
 
 void fit_plan_to_tokens(KvPlan& plan, int64_t n_total) {

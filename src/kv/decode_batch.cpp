@@ -205,24 +205,11 @@ const int32_t* DecodeBatch::forced(int layer) const {
 }
 
 FetchParams DecodeBatch::fetch_params() const {
-  const TieredSeq& s = *seqs_[0];
-  FetchParams p;
-  p.n_seq = n_seq();
-  p.n_kv_head = plan_.geometry.n_kv_head;
-  p.head_dim = plan_.geometry.head_dim;
+  FetchParams p = seqs_[0]->fetch_params(n_seq());
   p.kmax = kmax_tok_;
-  p.layer_wide = plan_.host == HostLayout::layer_wide;
-  p.values_only = plan_.host == HostLayout::values_only;
-  p.keys_prerope = plan_.policy.keys_prerope;
-  p.fmt = s.host_fmt();
-  p.entry_bytes = plan_.host_entry_bytes;
-  p.tok_bytes = plan_.host_tok_bytes;
   p.raw = !plan_.dequant_on_fetch;
   p.elt = plan_.fetch_elt;
   p.slot_bytes = plan_.slot_bytes;
-  p.inv_freq = s.inv_freq();
-  p.interleaved = plan_.geometry.rope_interleaved;
-  p.rank = plan_.rank;
   return p;
 }
 

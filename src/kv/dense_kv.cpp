@@ -203,10 +203,11 @@ void DenseKv::attend(int layer, const void* q, int64_t q_stride, int n_tok, floa
     return;
   }
   if (n_tok > 1 || !decoding_) {
+    if (!decoding_) stage(x_, "prefill_attend");
     AttentionParams ap{g.n_head, g.n_kv_head, g.head_dim, scale};
     prefill_attention(x_, ap, q, q_stride, n_tok, k_[size_t(layer)].data(), v_[size_t(layer)].data(), W, n, out,
                       q_stride);
-    if (decoding_) stage(x_, "model");
+    stage(x_, decoding_ ? "model" : "prefill_model");
     return;
   }
   KVT_CHECK(q_stride == int64_t(g.n_head) * g.head_dim, "dense cache: decode query rows must be dense");

@@ -95,5 +95,7 @@ void fit_plan_to_tokens(KvPlan& plan, int64_t n_total);
 // The fewest tokens a tiered cache allocates room for (its buffers then
 // double as the sequence grows past them).
 constexpr int64_t kTieredMinCapacity = 256;
+// Streamed prefill (policy prefill=stream): tokens fetch_dense decodes per pass.
+constexpr int64_t kStreamTokensPerPass = 8192;
 
 }  // namespace kvtier

@@ -16,7 +16,7 @@ namespace {
 const char* kPresets = "full, shadowkv, yakv, oracle, landmarks";
 const char* kKeys =
     "index, chunk, lm, meta, res, m, rank, kv, keys_prerope, budget, min_budget, sink, local, outliers, "
-    "gqa, cache";
+    "gqa, cache, prefill";
 
 PolicyConfig preset(const std::string& name) {
   PolicyConfig p;
@@ -110,6 +110,14 @@ const char* cache_mode_name(CacheMode m) {
   switch (m) {
     case CacheMode::step: return "step";
     case CacheMode::all: return "all";
+    default: return "auto";
+  }
+}
+
+const char* prefill_mode_name(PrefillMode m) {
+  switch (m) {
+    case PrefillMode::dense: return "dense";
+    case PrefillMode::stream: return "stream";
     default: return "auto";
   }
 }
@@ -229,6 +237,11 @@ PolicyConfig parse_policy(const std::string& text) {
       else if (v == "step") p.cache = CacheMode::step;
       else if (v == "all") p.cache = CacheMode::all;
       else fail("kv policy: cache={} is not valid (valid: auto, step, all)", v);
+    } else if (key == "prefill") {
+      if (v == "auto") p.prefill = PrefillMode::auto_;
+      else if (v == "dense") p.prefill = PrefillMode::dense;
+      else if (v == "stream") p.prefill = PrefillMode::stream;
+      else fail("kv policy: prefill={} is not valid (valid: auto, dense, stream)", v);
     } else {
       fail("kv policy '{}': unknown key '{}' (valid keys: {})", text, key, kKeys);
     }
@@ -242,6 +255,7 @@ PolicyConfig parse_policy(const std::string& text) {
   bool dense = p.index == IndexKind::none;
   for (const char* k : {"budget", "min_budget", "sink", "local", "gqa", "chunk", "lm", "keys_prerope", "cache"})
     forbid(dense, k, "dense attention selects nothing");
+  forbid(dense, "prefill", "dense attention keeps every token's K/V on the device");
   forbid(p.index != IndexKind::shadowkv, "rank", "only the shadowkv index has an SVD");
   forbid(p.index != IndexKind::shadowkv, "outliers", "outlier chunks belong to the shadowkv index");
   forbid(p.index == IndexKind::exact, "chunk", "the exact index scores every token");
@@ -288,6 +302,7 @@ std::string to_string(const PolicyConfig& p) {
                      p.gqa == GqaMode::shadowkv ? "shadowkv" : "mean");
     if (p.min_budget > 0) s += fmt::format(",min_budget={}", p.min_budget);
     if (p.cache != CacheMode::auto_) s += fmt::format(",cache={}", cache_mode_name(p.cache));
+    if (p.prefill != PrefillMode::auto_) s += fmt::format(",prefill={}", prefill_mode_name(p.prefill));
   }
   return s;
 }

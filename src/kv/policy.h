@@ -24,6 +24,13 @@
 //             context, filled from the host tier when decode starts, so only
 //             generated tokens cross PCIe, once), auto (all when free GPU
 //             memory holds it twice with a margin, else step; step on the CPU)
+//   prefill : what the prompt's attention reads: dense (a copy of every
+//             layer's K/V at the activation precision, on the device until
+//             decode starts), stream (each layer's K/V decoded from the host
+//             tier into one layer-sized buffer as the layer runs: the device
+//             holds one layer's copy, and earlier tokens are read at the
+//             precision the host stores), auto (dense when the copy fits in
+//             free GPU memory with a margin, else stream; dense on the CPU)
 #pragma once
 #include <cstdint>
 #include <string>
@@ -37,6 +44,8 @@ enum class IndexKind { none, landmarks, exact, shadowkv };
 enum class GqaMode { shadowkv, mean };
 enum class CacheMode { auto_, step, all };
 const char* cache_mode_name(CacheMode m);
+enum class PrefillMode { auto_, dense, stream };
+const char* prefill_mode_name(PrefillMode m);
 
 struct PolicyConfig {
   std::string preset = "full";
@@ -58,6 +67,7 @@ struct PolicyConfig {
   int outliers = 0;  // outlier chunks (shadowkv)
   GqaMode gqa = GqaMode::shadowkv;
   CacheMode cache = CacheMode::auto_;
+  PrefillMode prefill = PrefillMode::auto_;
 };
 
 // Throws kvtier::Error naming the offending key/value and the valid values.
@@ -114,6 +124,15 @@ struct KvGpuCharge {
   int64_t decode_bytes = 0;
   int64_t peak() const { return prefill_bytes > decode_bytes ? prefill_bytes : decode_bytes; }
 };
+// prefill=stream counts one layer's K|V copy (and fetch_dense's staging)
+// instead of every layer's; prefill=auto counts the dense copy.
 KvGpuCharge kv_gpu_charge(const PolicyConfig& p, const KvGeometry& g, int64_t n_prompt, int64_t n_total);
+
+// The policy a sequence runs under a GPU KV budget of `budget` bytes (> 0),
+// its automatic choices made by what is charged rather than by free memory:
+// cache=auto is step, and prefill=auto is dense when the dense copy's charge
+// fits the budget, else stream.
+PolicyConfig policy_under_gpu_budget(PolicyConfig p, const KvGeometry& g, int64_t n_prompt, int64_t n_total,
+                                     int64_t budget);
 
 }  // namespace kvtier

@@ -88,6 +88,11 @@ TEST(Policy, Overrides) {
   EXPECT_EQ(parse_policy("shadowkv,cache=step").cache, CacheMode::step);
   EXPECT_EQ(to_string(parse_policy("yakv")).find("cache"), std::string::npos);  // auto: not printed
   EXPECT_NE(to_string(parse_policy("yakv,cache=all")).find(",cache=all"), std::string::npos);
+  EXPECT_EQ(parse_policy("yakv").prefill, PrefillMode::auto_);
+  EXPECT_EQ(parse_policy("yakv,prefill=stream").prefill, PrefillMode::stream);
+  EXPECT_EQ(parse_policy("shadowkv,prefill=dense").prefill, PrefillMode::dense);
+  EXPECT_EQ(to_string(parse_policy("yakv")).find("prefill"), std::string::npos);  // auto: not printed
+  EXPECT_NE(to_string(parse_policy("oracle,prefill=stream")).find(",prefill=stream"), std::string::npos);
 }
 
 TEST(Policy, BudgetFloorInTokens) {
@@ -104,7 +109,7 @@ TEST(Policy, RoundTripsThroughToString) {
        {"full", "full,kv=f32", "shadowkv", "shadowkv,rank=160", "yakv", "oracle",
         "landmarks,chunk=4,lm=int4:g32", "yakv,lm=residual,meta=higgs4,res=1bit,m=4",
         "yakv,gqa=mean,sink=4,keys_prerope=1", "oracle,budget=512", "yakv,min_budget=1024",
-        "yakv,cache=step", "oracle,cache=all"}) {
+        "yakv,cache=step", "oracle,cache=all", "yakv,prefill=stream", "shadowkv,prefill=dense"}) {
     PolicyConfig p = parse_policy(s);
     std::string t = to_string(p);
     EXPECT_EQ(to_string(parse_policy(t)), t) << s;
@@ -122,6 +127,8 @@ TEST(Policy, ErrorsNameTheKeyAndTheValidValues) {
   EXPECT_NE(error_of("yakv,gqa=min").find("shadowkv, mean"), std::string::npos);
   EXPECT_NE(error_of("yakv,cache=some").find("auto, step, all"), std::string::npos);
   EXPECT_NE(error_of("full,cache=all").find("cache"), std::string::npos);
+  EXPECT_NE(error_of("yakv,prefill=lazy").find("auto, dense, stream"), std::string::npos);
+  EXPECT_NE(error_of("full,prefill=stream").find("prefill"), std::string::npos);
   EXPECT_NE(error_of("yakv,index=svd").find("none, landmarks, exact, shadowkv"),
             std::string::npos);
   EXPECT_NE(error_of("yakv,kv=int9").find("kv=int9"), std::string::npos);

@@ -47,7 +47,11 @@ void TieredSeq::finish_shadowkv() {
     }
     L.outliers = dev_.alloc(std::max<size_t>(4, ids.size() * 4));
     copy(x_, L.outliers.data(), ids.data(), ids.size() * 4);
-    // 2. Their exact K and V (the prompt's working copy) into the resident slots after the ring.
+    // 2. Their exact K and V (the prompt's working copy; a streamed prefill
+    // reads the layer back from the host tier) into the resident slots after the ring.
+    if (stream_) stream_read(x_, l, 0, n, work_[0]);
+    const uint8_t* kw = stream_ ? work_[0].k.data<uint8_t>() : L.dense_k.data<uint8_t>();
+    const uint8_t* vw = stream_ ? work_[0].v.data<uint8_t>() : L.dense_v.data<uint8_t>();
     std::vector<const uint8_t*> src;
     std::vector<uint8_t*> dst;
     const int64_t elt = kv_elt_bytes(plan_.resident_elt);
@@ -57,9 +61,9 @@ void TieredSeq::finish_shadowkv() {
         for (int t = 0; t < c; ++t) {
           const int64_t tok = ch * c + t, slot = plan_.sink + plan_.ring + int64_t(i) * c + t;
           uint8_t* res = L.resident.data<uint8_t>() + (h * res_slots_ + slot) * res_slot_;
-          src.push_back(L.dense_k.data<uint8_t>() + (tok * W + int64_t(h) * D) * ab);
+          src.push_back(kw + (tok * W + int64_t(h) * D) * ab);
           dst.push_back(res);
-          src.push_back(L.dense_v.data<uint8_t>() + (tok * W + int64_t(h) * D) * ab);
+          src.push_back(vw + (tok * W + int64_t(h) * D) * ab);
           dst.push_back(res + int64_t(D) * elt);
         }
       }

@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backend/stage_clock.h"
 #include "core/half.h"
 #include "core/status.h"
 #include "kv/decode_batch.h"
 #include "ops/attention/prefill_attention.h"
+#include "ops/gather/fetch.h"
 #include "ops/gemm/svd_gemm.h"
 #include "ops/kv_append/kv_write.h"
 #include "ops/quant/hadamard.h"
@@ -178,6 +180,7 @@ void TieredSeq::grow(int64_t need) {
   const KvGeometry& g = plan_.geometry;
   const int H = g.n_kv_head, D = g.head_dim, W = H * D;
   const int64_t cap = std::max<int64_t>({need, 2 * cap_, kTieredMinCapacity});
+  if (!decoding_ && !prefill_chosen_) choose_prefill(cap);
   const int64_t cap_chunks = cap / plan_.chunk + 1, cap_units = cap / plan_.unit + 1;
   int64_t p0_row = 0, p1_row = 0;
   if (plan_.index == IndexLayout::higgs2_planar) {
@@ -188,6 +191,17 @@ void TieredSeq::grow(int64_t need) {
     if (plan_.index == IndexLayout::residual) p1_row = pad16(cap_units * plan_.meta_rec_bytes);
   }
   sync(x_);  // queued kernels may still use the old buffers
+  if (!decoding_ && stream_) {  // one layer's copy each, rewritten layer by layer: nothing to keep
+    pref_layer_ = -1;
+    for (int b = 0; b < (x_.cuda() ? 2 : 1); ++b) {
+      StreamBuf& w = work_[b];
+      w.k = Buffer();
+      w.v = Buffer();
+      w.k = dev_.alloc(size_t(cap * W * act_bytes(dev_.kind())));
+      w.v = dev_.alloc(w.k.bytes());
+      w.scratch = dev_.alloc(size_t(fetch_dense_scratch_bytes(x_, stream_params(0, cap))));
+    }
+  }
   for (int l = 0; l < g.n_layer; ++l) {
     TieredLayer& L = layers_[size_t(l)];
     const int64_t n = n_[size_t(l)];
@@ -204,13 +218,15 @@ void TieredSeq::grow(int64_t need) {
     if (L.host) copy(x_, host.data(), L.host.data(), size_t(n * plan_.host_tok_bytes));
     L.host = std::move(host);
     if (!decoding_) {
-      Buffer dk = dev_.alloc(size_t(cap * W * act_bytes(dev_.kind()))), dv = dev_.alloc(dk.bytes());
-      if (L.dense_k) {
-        copy(x_, dk.data(), L.dense_k.data(), size_t(n * W * act_bytes(dev_.kind())));
-        copy(x_, dv.data(), L.dense_v.data(), size_t(n * W * act_bytes(dev_.kind())));
+      if (!stream_) {
+        Buffer dk = dev_.alloc(size_t(cap * W * act_bytes(dev_.kind()))), dv = dev_.alloc(dk.bytes());
+        if (L.dense_k) {
+          copy(x_, dk.data(), L.dense_k.data(), size_t(n * W * act_bytes(dev_.kind())));
+          copy(x_, dv.data(), L.dense_v.data(), size_t(n * W * act_bytes(dev_.kind())));
+        }
+        L.dense_k = std::move(dk);
+        L.dense_v = std::move(dv);
       }
-      L.dense_k = std::move(dk);
-      L.dense_v = std::move(dv);
       if (plan_.host == HostLayout::values_only) {
         regrow_rows(L.stats, cap_chunks_ * 4, cap_chunks * 4, H);
         Buffer kp = dev_.alloc_host(size_t(cap * W * act_bytes(dev_.kind())));
@@ -238,6 +254,14 @@ void TieredSeq::grow(int64_t need) {
         L.prev_sel = std::move(held);
       }
     }
+  }
+  if (!decoding_ && stream_) {  // the streamed reads' row tables per layer: host tier, kplane (none), key_first (−1)
+    std::vector<uintptr_t> t(size_t(3 * g.n_layer));
+    for (int l = 0; l < g.n_layer; ++l) {
+      t[size_t(3 * l)] = uintptr_t(layers_[size_t(l)].host.data());
+      t[size_t(3 * l + 2)] = uintptr_t(int64_t(-1));
+    }
+    upload(x_, stream_tables_, t.data(), t.size() * sizeof(uintptr_t));
   }
   sync(x_);
   cap_ = cap;
@@ -312,8 +336,10 @@ void TieredSeq::append(int layer, const void* k_pre, const void* k, const void* 
   ResidentWriteParams rp{1, n_tok, H, g.head_dim, plan_.sink, plan_.ring, tok_stride, plan_.resident_elt};
   resident_write(x_, rp, k, v, r.pos0, r.resident);
   // The prompt's working copy (dense prefill attention) and, for shadowkv, its pre-RoPE keys.
-  copy(x_, L.dense_k.data<uint8_t>() + n * W * ab, k, size_t(n_tok) * W * ab);
-  copy(x_, L.dense_v.data<uint8_t>() + n * W * ab, v, size_t(n_tok) * W * ab);
+  if (!stream_) {
+    copy(x_, L.dense_k.data<uint8_t>() + n * W * ab, k, size_t(n_tok) * W * ab);
+    copy(x_, L.dense_v.data<uint8_t>() + n * W * ab, v, size_t(n_tok) * W * ab);
+  }
   if (plan_.host == HostLayout::values_only) {
     KVT_CHECK(k_pre, "kv policy shadowkv: append needs the pre-RoPE keys");
     copy(x_, L.kpre.data<uint8_t>() + n * W * ab, k_pre, size_t(n_tok) * W * ab);
@@ -326,9 +352,77 @@ void TieredSeq::attend_prefill(int layer, const void* q, int64_t q_stride, int n
   const KvGeometry& g = plan_.geometry;
   TieredLayer& L = layers_[size_t(layer)];
   AttentionParams ap{g.n_head, g.n_kv_head, g.head_dim, scale};
-  const int64_t W = int64_t(g.n_kv_head) * g.head_dim;
-  prefill_attention(x_, ap, q, q_stride, n_tok, L.dense_k.data(), L.dense_v.data(), W, n_[size_t(layer)], out,
-                    q_stride);
+  const int64_t W = int64_t(g.n_kv_head) * g.head_dim, n = n_[size_t(layer)];
+  if (!stream_) {
+    stage(x_, "prefill_attend");
+    prefill_attention(x_, ap, q, q_stride, n_tok, L.dense_k.data(), L.dense_v.data(), W, n, out, q_stride);
+    stage(x_, "prefill_model");
+    return;
+  }
+  // Streamed: this layer's K/V [0, n) decoded from the host tier. On CUDA the
+  // next layer's tokens so far are read on the side stream into the other
+  // buffer while this layer attends, so only the chunk's own tokens are read
+  // here (serial under stage timing, which then measures the whole read).
+  const bool overlap = x_.cuda() && !x_.clock;
+  int b = 0;
+  int64_t have = 0;
+  if (pref_layer_ == layer) {
+    join(x_);
+    b = pref_buf_;
+    have = pref_n_;
+  }
+  pref_layer_ = -1;
+  stage(x_, "prefill_read");
+  stream_read(x_, layer, have, n, work_[b]);
+  if (overlap) {
+    const int next = (layer + 1) % g.n_layer;
+    fork(x_);  // the other buffer's last reader (the previous layer's attention) is before this point
+    stream_read(side_exec(x_), next, 0, n_[size_t(next)], work_[1 - b]);
+    pref_layer_ = next;
+    pref_buf_ = 1 - b;
+    pref_n_ = n_[size_t(next)];
+  }
+  stage(x_, "prefill_attend");
+  prefill_attention(x_, ap, q, q_stride, n_tok, work_[b].k.data(), work_[b].v.data(), W, n, out, q_stride);
+  stage(x_, "prefill_model");
+}
+
+FetchParams TieredSeq::fetch_params(int n_seq) const {
+  const KvGeometry& g = plan_.geometry;
+  FetchParams p;
+  p.n_seq = n_seq;
+  p.n_kv_head = g.n_kv_head;
+  p.head_dim = g.head_dim;
+  p.layer_wide = plan_.host == HostLayout::layer_wide;
+  p.values_only = plan_.host == HostLayout::values_only;
+  p.keys_prerope = plan_.policy.keys_prerope;
+  p.fmt = host_fmt();
+  p.entry_bytes = plan_.host_entry_bytes;
+  p.tok_bytes = plan_.host_tok_bytes;
+  p.inv_freq = inv_freq();
+  p.interleaved = g.rope_interleaved;
+  p.rank = plan_.rank;
+  return p;
+}
+
+FetchParams TieredSeq::stream_params(int layer, int64_t cap) const {
+  FetchParams p = fetch_params(1);
+  p.kmax = int(std::min<int64_t>(kStreamTokensPerPass, cap));
+  p.seq_scales = layer_scales(layer);  // k, v
+  return p;
+}
+
+void TieredSeq::stream_read(const Exec& x, int layer, int64_t t0, int64_t t1, StreamBuf& w) {
+  const int64_t row = int64_t(plan_.geometry.n_kv_head) * plan_.geometry.head_dim * act_bytes(dev_.kind());
+  auto* d = stream_tables_.data<uintptr_t>() + 3 * layer;
+  FetchRows r;
+  r.host = reinterpret_cast<uint8_t* const*>(d);
+  r.kplane = reinterpret_cast<uint8_t* const*>(d + 1);
+  r.key_first = reinterpret_cast<const int64_t*>(d + 2);
+  r.scratch = w.scratch.data();
+  r.prefill_kpre = layers_[size_t(layer)].kpre.data<uint8_t>();
+  if (x.cuda()) r.dense_host = layers_[size_t(layer)].host.host_ptr<uint8_t>();
+  fetch_dense(x, stream_params(layer, cap_), r, t0, t1, w.k.data<uint8_t>() + t0 * row, w.v.data<uint8_t>() + t0 * row);
 }
 
 void TieredSeq::start_decode() {
@@ -341,9 +435,14 @@ void TieredSeq::start_decode() {
   budget_ = kvtier::budget_tokens(plan_.policy, n_prompt_);
   const int kchunks = int(std::max<int64_t>(1, budget_ / plan_.chunk));
   kmax_tok_ = kchunks * plan_.chunk;
+  if (stream_) {  // a read of the next chunk's layer 0 may be running on the side stream
+    sync(x_);
+    pref_layer_ = -1;
+  }
   if (plan_.host == HostLayout::values_only) finish_shadowkv();
   decoding_ = true;
   const int H = g.n_kv_head;
+  for (StreamBuf& w : work_) w = StreamBuf();
   for (TieredLayer& L : layers_) {
     L.dense_k = Buffer();
     L.dense_v = Buffer();
@@ -381,6 +480,27 @@ bool choose_cache_all(CacheMode mode, bool gpu, int64_t all_bytes, int64_t free,
   }
 }
 
+bool choose_prefill_stream(PrefillMode mode, bool gpu, int64_t dense_bytes, int64_t free, int64_t total) {
+  switch (mode) {
+    case PrefillMode::dense: return false;
+    case PrefillMode::stream: return true;
+    default: return gpu && dense_bytes + std::max<int64_t>(int64_t(1) << 30, total / 10) > free;
+  }
+}
+
+void TieredSeq::choose_prefill(int64_t cap) {
+  const KvGeometry& g = plan_.geometry;
+  const bool gpu = dev_.kind() == DeviceKind::cuda;
+  const int64_t dense_bytes = int64_t(g.n_layer) * cap * g.n_kv_head * g.head_dim * 2 * act_bytes(dev_.kind());
+  int64_t free_b = 0, total_b = 0;
+  if (gpu) {
+    const auto [f, t] = dev_.mem_info();
+    free_b = int64_t(f), total_b = int64_t(t);
+  }
+  stream_ = choose_prefill_stream(plan_.policy.prefill, gpu, dense_bytes, free_b, total_b);
+  prefill_chosen_ = true;
+}
+
 // cache=all: every token's decoded K|V on the GPU (slot = token).
 void TieredSeq::choose_cache() {
   const KvGeometry& g = plan_.geometry;
@@ -401,6 +521,7 @@ KvMemory TieredSeq::memory() const {
   const int64_t H = g.n_kv_head;
   const KvFootprint rate = plan_footprint(plan_, 0);
   KvMemory m;
+  m.prefill_streamed = stream_;
   m.gpu_bytes_per_token = rate.gpu_bytes_per_token;
   m.host_bytes_per_token = rate.host_bytes_per_token;
   for (int l = 0; l < g.n_layer; ++l) {

@@ -8,8 +8,12 @@
 //   resident [H rows][sink + ring + outlier tokens][K|V]
 //   slots    [H rows][kmax][K|V]  the slot cache (both devices: decoded K|V);
 //            cache=all: [H rows][cap][K|V], token t in slot t
-// Prefill is dense over a working copy of the prompt's K/V, released at
-// start_decode, when the index is finished (shadowkv: its SVD and outliers).
+// Prefill attends densely to every earlier token (policy prefill=, chosen
+// when the capacity is first set): dense over a working copy of every layer's
+// K/V, or streamed: each layer's K/V decoded from the host tier into one
+// layer-sized buffer as the layer runs (fetch_dense), so the device holds one
+// layer's copy. The copies are released at start_decode, when the index is
+// finished (shadowkv: its SVD and outliers).
 // Decode steps run through a DecodeBatch (decode_batch.h) of one or more
 // sequences that share the plan.
 #pragma once
@@ -18,6 +22,7 @@
 #include <vector>
 
 #include "kv/kv_cache.h"
+#include "ops/gather/fetch.h"
 #include "ops/kv_append/kv_write.h"
 
 namespace kvtier {
@@ -31,6 +36,13 @@ class DecodeBatch;
 // needs for its prefill) plus max(1 GiB, 10 % of total); step on the CPU.
 // cache=all that does not fit even once throws kvtier::Error.
 bool choose_cache_all(CacheMode mode, bool gpu, int64_t all_bytes, int64_t free, int64_t total);
+
+// Whether a sequence's prefill streams its K/V from the host tier (policy
+// prefill=dense|stream|auto): dense_bytes is every layer's K/V copy at its
+// capacity, free/total the device's memory. auto streams on the GPU when the
+// copy and a margin of max(1 GiB, 10 % of total) do not fit in free memory;
+// dense on the CPU.
+bool choose_prefill_stream(PrefillMode mode, bool gpu, int64_t dense_bytes, int64_t free, int64_t total);
 
 struct TieredLayer {
   Buffer plane0, plane1;
@@ -67,6 +79,7 @@ class TieredSeq {
   int64_t budget_tokens() const { return budget_; }
   int kmax_tokens() const { return kmax_tok_; }
   bool cache_all() const { return cache_all_; }        // policy cache=all (or auto that chose it)
+  bool prefill_streamed() const { return stream_; }     // policy prefill=stream (or auto that chose it)
   // Slots per row: kmax, or the capacity (cache=all: token t in slot t).
   int64_t slot_row_tokens() const { return cache_all_ ? cap_ : kmax_tok_; }
   // prev_sel words per row: the last selection, or (cache=all) the bitmap of the tokens held.
@@ -91,6 +104,21 @@ class TieredSeq {
   void grow(int64_t need);
   void finish_shadowkv();
   void choose_cache();
+  void choose_prefill(int64_t cap);
+  // Streamed prefill: a layer's K/V [cap][H·D] at the activation precision,
+  // and fetch_dense's staging. Two on CUDA: one is read into while the other
+  // is attended to.
+  struct StreamBuf {
+    Buffer k, v, scratch;
+  };
+  FetchParams stream_params(int layer, int64_t cap) const;
+ public:
+  // The host tier's part of a fetch over n_seq sequences of this plan (the
+  // decode batch adds its selection and slots, the streamed prefill its pass).
+  FetchParams fetch_params(int n_seq) const;
+ private:
+  // Tokens [t0, t1) of `layer` decoded from the host tier into rows t0.. of w, on x.
+  void stream_read(const Exec& x, int layer, int64_t t0, int64_t t1, StreamBuf& w);
 
   KvPlan plan_;
   const Device& dev_;
@@ -103,6 +131,11 @@ class TieredSeq {
   int64_t n_prompt_ = 0, budget_ = 0;
   int kmax_tok_ = 0;
   bool cache_all_ = false, needs_fill_ = false;
+  bool stream_ = false, prefill_chosen_ = false;
+  StreamBuf work_[2];
+  Buffer stream_tables_;            // [n_layer][3] host tier, kplane, key_first: fetch_dense's row tables
+  int pref_layer_ = -1, pref_buf_ = 0;  // work_[pref_buf_] holds (or is being read on the side stream)
+  int64_t pref_n_ = 0;                  // tokens [0, pref_n_) of pref_layer_
   int n_outlier_tok_ = 0;
   bool decoding_ = false;
   uint64_t generation_ = 0;

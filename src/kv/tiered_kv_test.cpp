@@ -280,5 +280,119 @@ TEST(DenseKvCpu, NarrowsToBf16AtDecodeWithTheSameOutputs) {
   }
 }
 
+
+// Policy prefill=stream: the prompt's attention reads each layer's K/V
+// decoded from the host tier (fetch_dense) instead of a dense copy of every
+// layer. Prefilled in chunks of 64 it equals the same prompt prefilled in one
+// chunk to f32 rounding (each query reads the same decoded values); against
+// prefill=dense it differs only by the host precision (none for f32, and
+// none for bf16 here since the inputs are bf16 values); and the decode steps
+// that follow are those of the dense prefill, bit for bit (the index and host
+// records are written the same way).
+struct StreamCase {
+  const char* policy;
+  double tol_vs_dense = 0;  // rel-L2 of the prompt's attention outputs
+  int head_dim = 64;
+  bool decode_exact = true;
+  bool first_rows_scale = false;  // nvfp4: the per-tensor scale comes from the first chunk's rows
+};
+
+class StreamedPrefill : public ::testing::TestWithParam<StreamCase> {};
+
+TEST_P(StreamedPrefill, ChunkedEqualsOneShotAndDecodeFollowsTheDensePrefill) {
+  const StreamCase c = GetParam();
+  const int L = 2, D = c.head_dim, H = 2, QH = 4, W = H * D, n_prompt = 301, n_steps = 8;
+  const KvGeometry g = geometry(L, QH, H, D);
+  const std::string pol = c.policy;
+  Device cpu(DeviceKind::cpu);
+  TieredKv chunked(plan_kv(parse_policy(pol + ",prefill=stream"), g, DeviceKind::cpu), cpu);
+  TieredKv one_shot(plan_kv(parse_policy(pol + ",prefill=stream"), g, DeviceKind::cpu), cpu);
+  TieredKv dense(plan_kv(parse_policy(pol + ",prefill=dense"), g, DeviceKind::cpu), cpu);
+  std::mt19937 rng(11);
+  const float scale = 1.f / std::sqrt(float(D));
+  std::vector<std::vector<float>> pre(L), post(L), v(L), q(L);
+  for (int l = 0; l < L; ++l) {
+    pre[size_t(l)] = bf16_values(rng, size_t(n_prompt) * W, 1.0f);
+    for (int t = 0; t < n_prompt; t += 7)
+      for (int d = 0; d < W; d += 5) pre[size_t(l)][size_t(t) * W + d] *= 4.f;
+    post[size_t(l)] = pre[size_t(l)];
+    std::vector<int64_t> pos(static_cast<size_t>(n_prompt));
+    for (int i = 0; i < n_prompt; ++i) pos[size_t(i)] = i;
+    g.apply_rope(post[size_t(l)].data(), pos.data(), n_prompt);
+    for (float& x : post[size_t(l)]) x = bf16_to_f32(f32_to_bf16(x));
+    v[size_t(l)] = bf16_values(rng, size_t(n_prompt) * W, 1.0f);
+    q[size_t(l)] = bf16_values(rng, size_t(n_prompt) * QH * D, 1.0f);
+  }
+  const size_t out_n = size_t(n_prompt) * QH * D;
+  std::vector<std::vector<float>> out_c(L, std::vector<float>(out_n)), out_o = out_c, out_d = out_c;
+  auto prefill = [&](TieredKv& kv, int chunk, std::vector<std::vector<float>>& out) {
+    for (int c0 = 0; c0 < n_prompt; c0 += chunk) {
+      const int n = std::min(chunk, n_prompt - c0);
+      for (int l = 0; l < L; ++l) {
+        const size_t kv0 = size_t(c0) * W, q0 = size_t(c0) * QH * D;
+        kv.append(l, pre[size_t(l)].data() + kv0, post[size_t(l)].data() + kv0, v[size_t(l)].data() + kv0, W, n);
+        kv.attend(l, q[size_t(l)].data() + q0, QH * D, n, scale, out[size_t(l)].data() + q0);
+      }
+    }
+  };
+  prefill(chunked, 64, out_c);
+  prefill(one_shot, n_prompt, out_o);
+  prefill(dense, 64, out_d);
+  EXPECT_TRUE(chunked.seq().prefill_streamed());
+  EXPECT_FALSE(dense.seq().prefill_streamed());
+  double worst = 0;
+  for (int l = 0; l < L; ++l) {
+    // f32 rounding only: the CPU's prefill attention takes a GEMM path whose
+    // blocking depends on the queries per call.
+    if (!c.first_rows_scale)
+      EXPECT_LT(rel_l2(out_c[size_t(l)], out_o[size_t(l)]), 1e-6) << c.policy << " layer " << l << ": chunked vs one-shot";
+    worst = std::max(worst, rel_l2(out_c[size_t(l)], out_d[size_t(l)]));
+  }
+  if (c.tol_vs_dense == 0) EXPECT_EQ(worst, 0.0) << c.policy;
+  else EXPECT_LT(worst, c.tol_vs_dense) << c.policy;
+  if (c.tol_vs_dense > 0) EXPECT_GT(worst, 0.0) << c.policy << ": a quantized host tier reads other values";
+  // Decode after the prompt: the same records, the same steps.
+  chunked.start_decode();
+  dense.start_decode();
+  double worst_decode = 0;
+  for (int step = 0; step < n_steps; ++step)
+    for (int l = 0; l < L; ++l) {
+      const auto kp = bf16_values(rng, size_t(W), 1.0f), vv = bf16_values(rng, size_t(W), 1.0f),
+                 qq = bf16_values(rng, size_t(QH) * D, 1.0f);
+      if (l == 0) chunked.begin_step(1), dense.begin_step(1);
+      chunked.append(l, kp.data(), kp.data(), vv.data(), W, 1);
+      dense.append(l, kp.data(), kp.data(), vv.data(), W, 1);
+      std::vector<float> a(size_t(QH) * D), b(size_t(QH) * D);
+      chunked.attend(l, qq.data(), QH * D, 1, scale, a.data());
+      dense.attend(l, qq.data(), QH * D, 1, scale, b.data());
+      worst_decode = std::max(worst_decode, rel_l2(a, b));
+    }
+  if (c.decode_exact) EXPECT_EQ(worst_decode, 0.0) << c.policy;
+  else EXPECT_LT(worst_decode, 1e-2) << c.policy;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Policies, StreamedPrefill,
+    ::testing::Values(StreamCase{"yakv,budget=32,kv=f32"}, StreamCase{"yakv,budget=32,kv=bf16"},
+                      StreamCase{"yakv,budget=32", 0.2}, StreamCase{"yakv,budget=32,kv=higgs4:g64", 0.2},
+                      StreamCase{"yakv,budget=32,kv=fp8", 0.1},
+                      StreamCase{"yakv,budget=32,kv=nvfp4", 0.25, 64, true, true},
+                      // pre-RoPE keys, RoPE at the read: the dense copy holds the bf16-rounded rotated keys
+                      StreamCase{"yakv,budget=32,keys_prerope=1,kv=f32", 5e-3},
+                      StreamCase{"oracle,budget=32,kv=bf16"}, StreamCase{"landmarks,chunk=8,budget=40,kv=fp8", 0.1},
+                      StreamCase{"shadowkv,rank=24,budget=32,outliers=4", 1e-2, 64, false},
+                      StreamCase{"yakv,budget=32,kv=bf16", 0, 128}));
+
+// prefill=auto streams on the GPU when every layer's copy and the margin
+// (max(1 GiB, 10 % of the device)) do not fit in free memory; dense on the CPU.
+TEST(PrefillChoice, AutoStreamsWhenTheDenseCopyDoesNotFit) {
+  const int64_t G = int64_t(1) << 30, total = 100 * G;  // margin 10 GiB
+  EXPECT_FALSE(choose_prefill_stream(PrefillMode::auto_, true, 40 * G, 50 * G, total));  // 40 + 10 <= 50
+  EXPECT_TRUE(choose_prefill_stream(PrefillMode::auto_, true, 41 * G, 50 * G, total));
+  EXPECT_FALSE(choose_prefill_stream(PrefillMode::dense, true, 400 * G, 50 * G, total));  // asked for
+  EXPECT_TRUE(choose_prefill_stream(PrefillMode::stream, false, G, 0, 0));
+  EXPECT_FALSE(choose_prefill_stream(PrefillMode::auto_, false, 400 * G, 0, 0));  // the CPU: dense
+}
+
 }  // namespace
 }  // namespace kvtier

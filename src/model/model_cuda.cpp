@@ -33,6 +33,9 @@ namespace {
 using cuda::DeviceBuffer;
 using cuda::PinnedBuffer;
 
+// Rows of logits a sequence's buffers start with (a GPU decode batch's).
+constexpr int kInitialLogitRows = 256;
+
 // A source tensor of n_elements = n_rows * n_cols, dequantized row by row
 // (rows of n_cols) and rounded to bf16: [n_rows, n_cols] bf16 bits.
 std::vector<uint16_t> to_bf16(const TensorRef& t, int64_t n_rows, int64_t n_cols) {
@@ -306,10 +309,12 @@ class CudaSequence final : public GpuSequence {
   DeviceBuffer att_;    // [cap, n_head, head_dim] bf16
   DeviceBuffer gu_;     // [cap, 2 * n_ff] bf16 (empty when every layer is MoE)
   DeviceBuffer h_;      // [cap, n_ff] bf16 (empty when every layer is MoE)
-  DeviceBuffer logits_; // [cap, n_vocab] f32
+  DeviceBuffer logits_; // [logit_rows_, n_vocab] f32 (rows as many as a call asks for, grown on demand)
   std::unique_ptr<cuda::MoeRunner> moe_;  // MoE models: the expert block's working memory
   PinnedBuffer h_ids_, h_pos_;  // staging of the step's inputs
-  PinnedBuffer h_logits_;       // [n_vocab] f32: a decode step's logits (a graph's copy target)
+  PinnedBuffer h_logits_;       // [logit_rows_, n_vocab] f32: the logits' host copy (a graph's copy target)
+  int logit_rows_ = 0;
+  void ensure_logit_rows(int rows);
   cudaGraphExec_t graph_ = nullptr;
   uint64_t graph_key_ = 0, warm_key_ = 0;
 };
@@ -343,11 +348,25 @@ CudaSequence::CudaSequence(CudaModel& m, int capacity)
     gu_ = DeviceBuffer(n * 2 * size_t(c_.n_ff) * bf);
     h_ = DeviceBuffer(n * size_t(c_.n_ff) * bf);
   }
-  logits_ = DeviceBuffer(n * size_t(c_.n_vocab) * 4);
   if (c_.is_moe()) moe_ = std::make_unique<cuda::MoeRunner>(moe_config(c_), capacity);
   h_ids_ = PinnedBuffer(n * 4);
   h_pos_ = PinnedBuffer(n * 8);
-  h_logits_ = PinnedBuffer(n * size_t(c_.n_vocab) * 4);
+  // A prompt chunk needs one row of logits (prompt scoring and Engine::logits
+  // more): [capacity, n_vocab] f32 would be 8.4 GB at 16K tokens of a 128K vocabulary.
+  ensure_logit_rows(std::min(capacity, kInitialLogitRows));
+}
+
+void CudaSequence::ensure_logit_rows(int rows) {
+  if (rows <= logit_rows_) return;
+  KVT_CUDA_CHECK(cudaStreamSynchronize(s_));  // queued work may still use the old buffers
+  if (graph_) {  // it copies into the old buffers
+    cudaGraphExecDestroy(graph_);
+    graph_ = nullptr;
+  }
+  graph_key_ = warm_key_ = 0;
+  logits_ = DeviceBuffer(size_t(rows) * size_t(c_.n_vocab) * 4);
+  h_logits_ = PinnedBuffer(size_t(rows) * size_t(c_.n_vocab) * 4);
+  logit_rows_ = rows;
 }
 
 void CudaSequence::forward(const int32_t* tokens, int n_tok, int64_t pos0, KvCache& kv, int n_logits,
@@ -364,6 +383,7 @@ void CudaSequence::forward(const int32_t* tokens, int n_tok, int64_t pos0, KvCac
     hi[t] = tokens[t];
     hp[t] = pos0 + t;
   }
+  ensure_logit_rows(n_logits);
   kv.begin_step(n_tok);
   KvCache* kvp = &kv;
   // A decode step replays the graph of the last one when nothing it reads moved.
@@ -402,6 +422,7 @@ void CudaSequence::forward_decode(const int32_t* tokens, const int64_t* pos, KvC
     hi[i] = tokens[i];
     hp[i] = pos[i];
   }
+  ensure_logit_rows(n_seq);
   for (int i = 0; i < n_seq; ++i) kvs[i]->begin_step(1);
   // The batch replays the graph of its last step while the same caches
   // step together and none of them moved (the solo rule, per cache).

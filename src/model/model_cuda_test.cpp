@@ -327,20 +327,40 @@ TEST(GpuModel, EngineGpuKvBudgetBoundsWhatSequencesHold) {
   const KvGeometry g = half->model().kv_geometry();
   const int64_t n_prompt = int64_t(prompt.size()), n_total = n_prompt + s.max_new_tokens;
   for (const std::string policy : {"full", "yakv", "yakv,cache=step", "yakv,cache=all", "shadowkv"}) {
-    const KvGpuCharge c = kv_gpu_charge(parse_policy(policy), g, n_prompt, n_total);  // auto: charged as step
+    const PolicyConfig pc = parse_policy(policy);
+    const bool tiered = pc.index != IndexKind::none;
+    // Under a roomy budget: auto is charged as step with the dense prefill copy;
+    // under the tightest, an offloaded policy's prefill streams (one layer's copy).
+    const KvGpuCharge c =
+        kv_gpu_charge(policy_under_gpu_budget(pc, g, n_prompt, n_total, int64_t(1) << 60), g, n_prompt, n_total);
+    const KvGpuCharge streamed =
+        kv_gpu_charge(policy_under_gpu_budget(pc, g, n_prompt, n_total, 1), g, n_prompt, n_total);
+    // Streaming pays off when one layer's copy and its staging are less than
+    // every layer's copy (not for tiny prompts with shadowkv's two-part staging).
+    const bool streams = tiered && streamed.peak() < c.peak();
+    const KvGpuCharge least = streams ? streamed : c;
     const GenerationResult r = half->generate(prompt, s, policy);
-    std::printf("[gpu kv budget] %-16s holds %lld GPU bytes, charged %lld (prefill %lld)\n", policy.c_str(),
-                static_cast<long long>(r.kv_memory.gpu_bytes), static_cast<long long>(c.decode_bytes),
-                static_cast<long long>(c.prefill_bytes));
+    std::printf("[gpu kv budget] %-16s holds %lld GPU bytes, charged %lld (prefill %lld, streamed %lld)\n",
+                policy.c_str(), static_cast<long long>(r.kv_memory.gpu_bytes), static_cast<long long>(c.decode_bytes),
+                static_cast<long long>(c.prefill_bytes), static_cast<long long>(streamed.prefill_bytes));
     EXPECT_EQ(r.tokens.size(), 8u) << policy;
     EXPECT_GT(r.kv_memory.gpu_bytes, 0) << policy;
     EXPECT_LE(r.kv_memory.gpu_bytes, c.decode_bytes) << policy;
-    // A budget one byte under the charge refuses the request; one at it runs it.
+    EXPECT_FALSE(r.kv_memory.prefill_streamed) << policy;
+    if (policy == "yakv") EXPECT_TRUE(streams);
+    // A budget one byte under the least charge refuses the request; one at it
+    // runs it (streamed when that is what fits); one at the dense charge runs it dense.
     EngineOptions t = o;
-    t.gpu_kv_budget = double(c.peak() - 1);
+    t.gpu_kv_budget = double(least.peak() - 1);
     EXPECT_THROW(Engine::load(t)->start(prompt, s, policy), LimitError) << policy;
+    t.gpu_kv_budget = double(least.peak());
+    const GenerationResult tight = Engine::load(t)->generate(prompt, s, policy);
+    EXPECT_EQ(tight.tokens.size(), 8u) << policy;
+    EXPECT_EQ(tight.kv_memory.prefill_streamed, streams) << policy;
     t.gpu_kv_budget = double(c.peak());
-    EXPECT_EQ(Engine::load(t)->generate(prompt, s, policy).tokens.size(), 8u) << policy;
+    const GenerationResult roomy = Engine::load(t)->generate(prompt, s, policy);
+    EXPECT_EQ(roomy.tokens.size(), 8u) << policy;
+    EXPECT_FALSE(roomy.kv_memory.prefill_streamed) << policy;
   }
   // Without a budget, cache=auto may keep every token's slot (free memory
   // allows it here): more than the step charge the budgeted run kept.
@@ -348,6 +368,52 @@ TEST(GpuModel, EngineGpuKvBudgetBoundsWhatSequencesHold) {
   auto unbounded = Engine::load(o);
   const GenerationResult r = unbounded->generate(prompt, s, "yakv");
   EXPECT_GT(r.kv_memory.gpu_bytes, kv_gpu_charge(parse_policy("yakv"), g, n_prompt, n_total).decode_bytes);
+}
+
+// Policy prefill=stream on the GPU: each layer's K/V decoded from the host
+// tier (fetch_dense) into one layer's copy. With a bf16 host tier it reads
+// the dense copy's values (the same logits to bf16 rounding); with the other
+// tiers it matches the CPU engine's streamed prefill (the CPU reference) to
+// the GPU-vs-CPU bound; chunked equals one-shot; generation runs after it.
+TEST(GpuModel, StreamedPrefillMatchesTheDenseCopyAndTheCpu) {
+  KVT_REQUIRE_GPU();
+  const std::string path = model_cases()[2].write();
+  EngineOptions o;
+  o.model_path = path;
+  o.prefill_chunk = 32;
+  auto cpu = Engine::load(o);
+  o.device = "cuda";
+  auto gpu = Engine::load(o);
+  o.prefill_chunk = 256;
+  auto gpu_one_shot = Engine::load(o);
+  const auto prompt = test_prompt(200, cpu->config().n_vocab);
+  auto rel = [](const std::vector<float>& a, const std::vector<float>& b) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); ++i) num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), den += double(b[i]) * b[i];
+    return std::sqrt(num / std::max(den, 1e-30));
+  };
+  const double same = rel(gpu->logits(prompt, "yakv,kv=bf16,prefill=stream"), gpu->logits(prompt, "yakv,kv=bf16,prefill=dense"));
+  std::printf("[streamed prefill] bf16 host tier, stream vs dense: rel-L2 %.2e\n", same);
+  EXPECT_LT(same, 1e-3);
+  for (const std::string policy : {"yakv", "yakv,kv=fp8", "yakv,kv=higgs4:g128", "yakv,keys_prerope=1",
+                                   "yakv,kv=nvfp4", "oracle", "landmarks", "shadowkv"}) {
+    const std::string p = policy + ",prefill=stream";
+    const auto lg = gpu->logits(prompt, p), lc = cpu->logits(prompt, p), lo = gpu_one_shot->logits(prompt, p);
+    const double vs_cpu = rel(lg, lc), vs_one = rel(lg, lo);
+    std::printf("[streamed prefill] %-22s GPU vs CPU rel-L2 %.2e, chunked vs one-shot %.2e\n", policy.c_str(), vs_cpu,
+                vs_one);
+    // bf16 host tiers (oracle, landmarks, shadowkv's V) within the dense bound;
+    // quantized ones flip codes where the GPU's bf16 K/V differ from the CPU's f32.
+    const bool quantized = policy.rfind("yakv", 0) == 0;
+    EXPECT_LT(vs_cpu, quantized ? 4e-2 : kRelL2) << policy;
+    if (policy != "yakv,kv=nvfp4") EXPECT_LT(vs_one, kRelL2) << policy;  // nvfp4: its scale comes from the first chunk
+    SamplingParams s;
+    s.max_new_tokens = 6;
+    s.ignore_eos = true;
+    const GenerationResult r = gpu->generate(prompt, s, p);
+    EXPECT_EQ(r.tokens.size(), 6u) << policy;
+    EXPECT_TRUE(r.kv_memory.prefill_streamed) << policy;
+  }
 }
 
 // GpuModel::forward_decode: sequences of different lengths and policies

@@ -153,7 +153,11 @@ Job build_job(const ApiRequest& r, const Engine& engine, const ServerLimits& lim
                                         engine.options().device == "cpu");
     // Charged to --gpu-kv-budget (--device cuda): what the sequence holds on the GPU.
     if (engine.options().device == "cuda") {
-      const KvGpuCharge g = kv_gpu_charge(policy, geometry_of(engine.config()), n_prompt, n_prompt + max_new);
+      const KvGeometry geo = geometry_of(engine.config());
+      const int64_t budget = engine.gpu_kv_budget_bytes();
+      const KvGpuCharge g =
+          kv_gpu_charge(budget > 0 ? policy_under_gpu_budget(policy, geo, n_prompt, n_prompt + max_new, budget) : policy,
+                        geo, n_prompt, n_prompt + max_new);
       job.gpu_kv_prefill_bytes = g.prefill_bytes;
       job.gpu_kv_bytes = g.decode_bytes;
     }

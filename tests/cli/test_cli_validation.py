@@ -62,6 +62,7 @@ def test_long_prefill_shows_progress(tmp_path):
     lines = [x for x in r.stderr.splitlines() if "[kvtier] prefill" in x]
     assert lines, r.stderr
     assert "tokens (100%)" in lines[-1]
+    assert " tok/s, " in lines[-1], lines[-1]
 
 
 def _sanitized():

@@ -33,4 +33,20 @@ void fetch_fill(const Exec& x, const FetchParams& p, const FetchRows& r, const i
   fetch_fill_cpu(p, r, fill_n);
 }
 
+void fetch_dense(const Exec& x, const FetchParams& p, const FetchRows& r, int64_t t0, int64_t t1, void* k_out,
+                 void* v_out) {
+  KVT_CHECK(p.n_seq == 1 && t0 >= 0 && t0 <= t1, "fetch_dense: tokens [{}, {}) of {} sequences", t0, t1, p.n_seq);
+  if (t0 == t1) return;
+#ifdef KVT_CUDA
+  if (x.cuda()) return cuda::fetch_dense(x, p, r, t0, t1, k_out, v_out);
+#endif
+  KVT_CHECK(!x.cuda(), "fetch_dense: built without CUDA");
+  fetch_dense_cpu(p, r, t0, t1, static_cast<float*>(k_out), static_cast<float*>(v_out));
+}
+
+int64_t fetch_dense_scratch_bytes(const Exec& x, FetchParams p) {
+  p.raw = false;  // records are always staged and decoded
+  return fetch_scratch_bytes(x, p);
+}
+
 }  // namespace kvtier

@@ -66,6 +66,16 @@ struct FetchRows {
   // uint32); a selected token not yet held is a miss, read once. 0: the slot
   // cache above.
   const int32_t* cache_all = nullptr;
+  // fetch_dense only. prefill_kpre, values_only: the pre-RoPE keys of the
+  // prompt, [token][n_kv_head·head_dim] at the activation precision (pinned
+  // host memory). dense_k / dense_v: the outputs (fetch_dense sets them).
+  const uint8_t* prefill_kpre = nullptr;
+  // fetch_dense on CUDA, optional: the sequence's host tier at its CPU address.
+  // Given, each pass's token range is copied by the copy engine (no SM time,
+  // so it overlaps kernels on other streams) and decoded from device memory.
+  const uint8_t* dense_host = nullptr;
+  void* dense_k = nullptr;
+  void* dense_v = nullptr;
 };
 
 struct FetchView {
@@ -101,5 +111,18 @@ int64_t assign_slots(const int32_t* now, int k, int32_t* prev_sel, int32_t* prev
 // (it decodes what it selects at every step; its bitmap is the statistic).
 void fetch_fill(const Exec& x, const FetchParams& p, const FetchRows& r, const int64_t* fill_n, int64_t max_fill);
 void fetch_fill_cpu(const FetchParams& p, const FetchRows& r, const int64_t* fill_n);
+
+// The streamed prefill's read (policy prefill=stream): tokens [t0, t1) of one
+// sequence's host tier (p.n_seq = 1; r.host, r.key_first = −1 and r.kplane
+// as for fetch_rows) decoded into dense rows k_out / v_out
+// [t1 − t0][n_kv_head·head_dim] at the activation precision (CPU f32, CUDA
+// bf16): the values a decode step reads for a selected token, RoPE applied.
+// values_only (shadowkv): V from the host tier, K = RoPE(r.prefill_kpre).
+// p.kmax: tokens decoded per pass (CUDA: the scratch holds
+// fetch_dense_scratch_bytes(x, p)); p.raw, p.elt and p.slot_bytes are ignored.
+void fetch_dense(const Exec& x, const FetchParams& p, const FetchRows& r, int64_t t0, int64_t t1, void* k_out,
+                 void* v_out);
+int64_t fetch_dense_scratch_bytes(const Exec& x, FetchParams p);
+void fetch_dense_cpu(const FetchParams& p, const FetchRows& r, int64_t t0, int64_t t1, float* k_out, float* v_out);
 
 }  // namespace kvtier

@@ -259,4 +259,45 @@ void fetch_fill_cpu(const FetchParams& p, const FetchRows& r, const int64_t* fil
   }
 }
 
+// The streamed prefill's read: tokens [t0, t1) decoded into dense rows.
+void fetch_dense_cpu(const FetchParams& p, const FetchRows& r, int64_t t0, int64_t t1, float* k_out, float* v_out) {
+  const int H = p.n_kv_head, D = p.head_dim;
+  const int64_t W = int64_t(H) * D;
+  KVT_CHECK(!p.values_only || r.prefill_kpre, "fetch_dense: shadowkv's prefill needs the pre-RoPE keys");
+  KVT_CHECK(!p.layer_wide || p.fmt.dim == W, "fetch_dense: layer-wide records of {} values for {} KV dims",
+            p.fmt.dim, W);
+  const QuantSpec ks = with_scale(p.fmt.spec, p.seq_scales ? p.seq_scales[0] : p.k_scale);
+  const QuantSpec vs = with_scale(p.fmt.spec, p.seq_scales ? p.seq_scales[1] : p.v_scale);
+  default_pool().parallel_for(t1 - t0, 64, [&](int64_t i0, int64_t i1, int) {
+    std::vector<float> slot(size_t(2 * D)), kbuf, vbuf;
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t t = t0 + i;
+      float* krow = k_out + i * W;
+      float* vrow = v_out + i * W;
+      if (p.values_only) {
+        const float* kp = reinterpret_cast<const float*>(r.prefill_kpre) + t * W;
+        std::copy_n(kp, W, krow);
+        for (int h = 0; h < H; ++h) {
+          dequantize(vs, r.host[0] + t * p.tok_bytes + int64_t(h) * p.entry_bytes, 1, D, vrow + int64_t(h) * D);
+          rope_one(krow + int64_t(h) * D, D, t, p.inv_freq, p.interleaved);
+        }
+        continue;
+      }
+      if (p.layer_wide) {  // one record holds every head: decoded once
+        const uint8_t* tok = r.host[0] + t * p.tok_bytes;
+        dequantize(ks, tok, 1, int(W), krow);
+        dequantize(vs, tok + p.fmt.bytes, 1, int(W), vrow);
+        if (p.keys_prerope)
+          for (int h = 0; h < H; ++h) rope_one(krow + int64_t(h) * D, D, t, p.inv_freq, p.interleaved);
+        continue;
+      }
+      for (int h = 0; h < H; ++h) {
+        decode_token(p, r, 0, h, int32_t(t), reinterpret_cast<uint8_t*>(slot.data()), kbuf, vbuf);
+        std::copy_n(slot.data(), D, krow + int64_t(h) * D);
+        std::copy_n(slot.data() + D, D, vrow + int64_t(h) * D);
+      }
+    }
+  });
+}
+
 }  // namespace kvtier

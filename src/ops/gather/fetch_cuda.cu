@@ -46,7 +46,14 @@ struct Scratch {
   uint8_t* miss;        // [rows, kmax]
   uint8_t* stage;       // [rows, kmax, stage_span] records read from the host (null: raw)
   int64_t stage_span;
+  bool by_token = false;  // fetch_dense by copy: [kmax][tok_bytes], the host tier's layout
 };
+
+// Row r's staged record of miss m (head h's entry, or the token's layer-wide record).
+__device__ __forceinline__ const uint8_t* staged(const FetchParams& p, const Scratch& sc, int64_t r, int64_t m, int h) {
+  if (sc.by_token) return sc.stage + m * p.tok_bytes + (p.layer_wide ? 0 : int64_t(h) * p.entry_bytes);
+  return sc.stage + (r * p.kmax + m) * sc.stage_span;
+}
 
 // Bytes staged per miss: the head's entry (layer-wide: the token's record;
 // values_only: V, then the generated token's key from kplane).
@@ -259,6 +266,19 @@ __device__ void rope_key(float* k, int D, int64_t t, const float* inv_freq, bool
   for (int i = 0; i < D / 2; ++i) rope_pair(k, D, t, i, inv_freq, interleaved);
 }
 
+// Where row r's decoded K (which 0) or V (1) of `slot` goes: its slot, or
+// (fetch_dense) dense row `slot` of the outputs, head r (a layer-wide record
+// is one row, r = 0, written whole).
+__device__ __forceinline__ __nv_bfloat16* dst_of(const FetchParams& p, const FetchRows& fr, int64_t r, int slot,
+                                                 int which) {
+  if (fr.dense_k) {
+    const int64_t W = int64_t(p.n_kv_head) * p.head_dim;
+    return static_cast<__nv_bfloat16*>(which ? fr.dense_v : fr.dense_k) + int64_t(slot) * W +
+           (r % p.n_kv_head) * p.head_dim;
+  }
+  return reinterpret_cast<__nv_bfloat16*>(fr.slots[r] + int64_t(slot) * p.slot_bytes) + int64_t(which) * p.head_dim;
+}
+
 // Staged records decoded into bf16 K|V slots: a thread per (row, miss, K or
 // V). MaxDim: the widest record (the thread's local array).
 template <int MaxDim>
@@ -274,7 +294,7 @@ __global__ void __launch_bounds__(64) slot_decode_rows_kernel(FetchParams p, Dev
   DevFormat g = f;
   g.tensor_scale = p.seq_scales ? p.seq_scales[2 * s + which] : (which ? p.v_scale : p.k_scale);
   float x[MaxDim];
-  const uint8_t* rec = sc.stage + (r * p.kmax + m) * sc.stage_span;
+  const uint8_t* rec = staged(p, sc, r, m, h);
   float* val = x;
   if (p.values_only) {
     if (which == 1) {
@@ -286,13 +306,15 @@ __global__ void __launch_bounds__(64) slot_decode_rows_kernel(FetchParams p, Dev
     }
   } else if (p.layer_wide) {
     dev_dequantize(g, rec + int64_t(which) * f.bytes, x);
-    val = x + int64_t(h) * D;
+    if (!fr.dense_k) val = x + int64_t(h) * D;
   } else {
     dev_dequantize(g, rec + int64_t(which) * f.bytes, x);
   }
-  if (which == 0 && p.keys_prerope) rope_key(val, D, t, p.inv_freq, p.interleaved);
-  auto* dst = reinterpret_cast<__nv_bfloat16*>(fr.slots[r] + int64_t(ts.y) * p.slot_bytes) + int64_t(which) * D;
-  for (int d = 0; d < D; ++d) dst[d] = __float2bfloat16_rn(val[d]);
+  const int n_val = fr.dense_k && p.layer_wide ? f.dim : D;  // dense layer-wide: every head
+  if (which == 0 && p.keys_prerope)
+    for (int o = 0; o < n_val; o += D) rope_key(val + o, D, t, p.inv_freq, p.interleaved);
+  __nv_bfloat16* dst = dst_of(p, fr, r, ts.y, which);
+  for (int d = 0; d < n_val; ++d) dst[d] = __float2bfloat16_rn(val[d]);
 }
 
 // The same for HIGGS records, a warp per (row, miss, K or V) and kDecodeWarps
@@ -330,7 +352,7 @@ __global__ void __launch_bounds__(32 * kDecodeWarps) higgs_decode_rows_kernel(Fe
     const int64_t m = i / 2;
     const int2 ts = sc.miss_list[r * p.kmax + m];
     const int64_t t = ts.x;
-    const uint8_t* rec = sc.stage + (r * p.kmax + m) * sc.stage_span;
+    const uint8_t* rec = staged(p, sc, r, m, h);
     int64_t off = 0;  // where the head's values start in the record
     if (p.values_only) {
       if (which == 0) {
@@ -339,7 +361,7 @@ __global__ void __launch_bounds__(32 * kDecodeWarps) higgs_decode_rows_kernel(Fe
       }
     } else {
       rec += int64_t(which) * f.bytes;
-      if (p.layer_wide) off = int64_t(h) * D;
+      if (p.layer_wide && !fr.dense_k) off = int64_t(h) * D;
     }
     for (int g = 0; g < f.n_group; ++g) {
       const uint8_t* mp = rec + f.meta_offset + 2 * g;
@@ -371,12 +393,14 @@ __global__ void __launch_bounds__(32 * kDecodeWarps) higgs_decode_rows_kernel(Fe
     }
     __syncwarp();
     float* val = y + off;
+    const int n_val = fr.dense_k && p.layer_wide ? f.dim : D;  // dense layer-wide: every head
     if (which == 0 && p.keys_prerope) {  // rope_key's pairs, spread over the lanes
-      for (int q = lane; q < D / 2; q += 32) rope_pair(val, D, t, q, p.inv_freq, p.interleaved);
+      for (int q = lane; q < n_val / 2; q += 32)
+        rope_pair(val + (q / (D / 2)) * D, D, t, q % (D / 2), p.inv_freq, p.interleaved);
       __syncwarp();
     }
-    auto* dst = reinterpret_cast<__nv_bfloat16*>(fr.slots[r] + int64_t(ts.y) * p.slot_bytes) + int64_t(which) * D;
-    for (int j = lane; j < D; j += 32) dst[j] = __float2bfloat16_rn(val[j]);
+    __nv_bfloat16* dst = dst_of(p, fr, r, ts.y, which);
+    for (int j = lane; j < n_val; j += 32) dst[j] = __float2bfloat16_rn(val[j]);
     __syncwarp();  // y is the next item's
   }
 }
@@ -434,6 +458,35 @@ __global__ void fill_list_kernel(FetchParams p, FetchRows fr, Scratch sc, const 
   if (threadIdx.x == 0) sc.miss_count[r] = int32_t(n);
 }
 
+// fetch_dense: tokens [a, a + n) of every row listed, token a + m into dense row first + m.
+__global__ void dense_list_kernel(FetchParams p, Scratch sc, int64_t a, int64_t first, int64_t n) {
+  const int64_t r = blockIdx.x;
+  for (int64_t m = threadIdx.x; m < n; m += blockDim.x)
+    sc.miss_list[r * p.kmax + m] = make_int2(int(a + m), int(first + m));
+  if (threadIdx.x == 0) sc.miss_count[r] = int32_t(n);
+}
+
+// fetch_dense, values_only: K = RoPE(pre-RoPE key) for tokens [t0, t0 + gridDim.x), a block per
+// token and a thread per pair of every head; the keys read from pinned host memory.
+__global__ void kpre_rope_kernel(FetchParams p, const __nv_bfloat16* __restrict__ kpre, int64_t t0,
+                                 __nv_bfloat16* __restrict__ out) {
+  const int64_t i = blockIdx.x, t = t0 + i;
+  const int D = p.head_dim, half = D / 2;
+  const int64_t W = int64_t(p.n_kv_head) * D;
+  for (int j = threadIdx.x; j < p.n_kv_head * half; j += blockDim.x) {
+    const int h = j / half, q = j % half;
+    const int i0 = p.interleaved ? 2 * q : q, i1 = p.interleaved ? 2 * q + 1 : q + half;
+    const __nv_bfloat16* src = kpre + t * W + int64_t(h) * D;
+    float k2[2] = {__bfloat162float(src[i0]), __bfloat162float(src[i1])};
+    double sn, cs;
+    sincos(double(t) * p.inv_freq[q], &sn, &cs);
+    const float c = float(cs), sv = float(sn);
+    __nv_bfloat16* dst = out + i * W + int64_t(h) * D;
+    dst[i0] = __float2bfloat16_rn(k2[0] * c - k2[1] * sv);
+    dst[i1] = __float2bfloat16_rn(k2[0] * sv + k2[1] * c);
+  }
+}
+
 // The listed misses (sc.miss_list / miss_count) from pinned host memory into
 // their slots: copied as they are (raw), or staged and decoded.
 void read_misses(const Exec& x, const FetchParams& p, const FetchRows& r, const Scratch& sc, int64_t rows) {
@@ -442,12 +495,14 @@ void read_misses(const Exec& x, const FetchParams& p, const FetchRows& r, const 
               "fetch_rows: raw slots ({} bytes) hold whole per-head entries ({} bytes)", p.slot_bytes, p.entry_bytes);
   else
     KVT_CHECK(p.elt == KvElt::bf16, "fetch_rows (CUDA): decoded slots are bf16");
-  const int64_t parts = !p.raw && p.values_only ? 2 : 1;
-  const int64_t per_row = std::max<int64_t>(1, int64_t(device_info().n_sm) * 8 / rows);
-  const int64_t need =
-      (int64_t(p.kmax) * parts * (p.entry_bytes / 16) + kCopyThreads * kUnroll - 1) / (kCopyThreads * kUnroll);
-  copy_misses_kernel<<<dim3(unsigned(std::min(per_row, need)), unsigned(rows)), kCopyThreads, 0, st(x)>>>(p, r, sc);
-  KVT_CUDA_LAUNCH_CHECK("copy_misses_kernel");
+  if (!sc.by_token) {  // else already copied
+    const int64_t parts = !p.raw && p.values_only ? 2 : 1;
+    const int64_t per_row = std::max<int64_t>(1, int64_t(device_info().n_sm) * 8 / rows);
+    const int64_t need =
+        (int64_t(p.kmax) * parts * (p.entry_bytes / 16) + kCopyThreads * kUnroll - 1) / (kCopyThreads * kUnroll);
+    copy_misses_kernel<<<dim3(unsigned(std::min(per_row, need)), unsigned(rows)), kCopyThreads, 0, st(x)>>>(p, r, sc);
+    KVT_CUDA_LAUNCH_CHECK("copy_misses_kernel");
+  }
   if (p.raw) return;
   KVT_CHECK(p.fmt.dim <= kMaxDim, "fetch_rows (CUDA): records of {} values exceed {}", p.fmt.dim, kMaxDim);
   const DevFormat f = make_dev_format(p.fmt);
@@ -466,7 +521,7 @@ void read_misses(const Exec& x, const FetchParams& p, const FetchRows& r, const 
     else slot_decode_rows_kernel<kMaxDim><<<grid, 64, 0, st(x)>>>(p, f, r, sc);
     KVT_CUDA_LAUNCH_CHECK("slot_decode_rows_kernel");
   }
-  if (p.values_only) {
+  if (p.values_only && !r.dense_k) {  // fetch_dense: the keys come from the pre-RoPE copy
     KVT_CHECK(p.head_dim % 2 == 0 && p.head_dim <= 1024 && p.rank > 0, "fetch_rows: SVD rebuild of head_dim {} rank {}",
               p.head_dim, p.rank);
     const unsigned threads = unsigned((p.head_dim + 31) / 32 * 32);
@@ -513,6 +568,39 @@ void fetch_fill(const Exec& x, const FetchParams& p, const FetchRows& r, const i
     fill_list_kernel<<<unsigned(rows), 256, 0, st(x)>>>(p, r, sc, fill_n, t0);
     KVT_CUDA_LAUNCH_CHECK("fill_list_kernel");
     read_misses(x, p, r, sc, rows);
+  }
+}
+
+void fetch_dense(const Exec& x, const FetchParams& p0, const FetchRows& r0, int64_t t0, int64_t t1, void* k_out,
+                 void* v_out) {
+  FetchParams p = p0;
+  p.raw = false;
+  p.elt = KvElt::bf16;
+  FetchRows r = r0;
+  r.dense_k = k_out;
+  r.dense_v = v_out;
+  KVT_CHECK(p.kmax > 0 && p.entry_bytes % 16 == 0 && p.tok_bytes % 16 == 0,
+            "fetch_dense: {} tokens per pass, host entries of {} bytes (tokens of {})", p.kmax, p.entry_bytes,
+            p.tok_bytes);
+  KVT_CHECK(!p.layer_wide || p.fmt.dim == p.n_kv_head * p.head_dim,
+            "fetch_dense: layer-wide records of {} values for {} KV dims", p.fmt.dim, p.n_kv_head * p.head_dim);
+  KVT_CHECK(!p.values_only || r.prefill_kpre, "fetch_dense: shadowkv's prefill needs the pre-RoPE keys");
+  const int64_t rows = p.layer_wide ? 1 : p.n_kv_head;  // a layer-wide record is read once for every head
+  Scratch sc = scratch_of(p, r.scratch);
+  sc.by_token = r.dense_host != nullptr;
+  for (int64_t a = t0; a < t1; a += p.kmax) {
+    const int64_t n = std::min<int64_t>(p.kmax, t1 - a);
+    if (sc.by_token)  // the range as the host lays it out, by the copy engine
+      KVT_CUDA_CHECK(cudaMemcpyAsync(sc.stage, r.dense_host + a * p.tok_bytes, size_t(n * p.tok_bytes),
+                                     cudaMemcpyHostToDevice, st(x)));
+    dense_list_kernel<<<unsigned(rows), 256, 0, st(x)>>>(p, sc, a, a - t0, n);
+    KVT_CUDA_LAUNCH_CHECK("dense_list_kernel");
+    read_misses(x, p, r, sc, rows);
+  }
+  if (p.values_only) {
+    kpre_rope_kernel<<<unsigned(t1 - t0), 256, 0, st(x)>>>(p, reinterpret_cast<const __nv_bfloat16*>(r.prefill_kpre),
+                                                            t0, static_cast<__nv_bfloat16*>(k_out));
+    KVT_CUDA_LAUNCH_CHECK("kpre_rope_kernel");
   }
 }
 

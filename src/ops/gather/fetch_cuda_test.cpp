@@ -273,6 +273,46 @@ TEST_P(HostTierCuda, WritesTheCpuRecordsAndFetchesItsValues) {
   EXPECT_EQ(g_c[2], c_cnt[1][0]);
   EXPECT_EQ(g_c[3], c_cnt[1][1]);
   EXPECT_LT(c_cnt[0][1], c_cnt[0][0]) << "the steps overlap: some hits expected";
+
+  // fetch_dense (the streamed prefill's read): sequence 0's tokens [5, n_tok)
+  // as dense rows, in passes of 64 tokens; shadowkv's keys from its pre-RoPE copy.
+  const int64_t t0 = 5, n = n_tok - t0;
+  const std::vector<float> kpre_f(kp.begin(), kp.begin() + int64_t(n_tok) * W);
+  Buffer g_kpre = dev.alloc_host(kpre_f.size() * 2);
+  for (size_t i = 0; i < kpre_f.size(); ++i) g_kpre.host_ptr<uint16_t>()[i] = f32_to_bf16(kpre_f[i]);
+  FetchParams dc = pc;
+  dc.n_seq = 1;
+  dc.kmax = 64;
+  FetchRows dcr = cr;
+  dcr.prefill_kpre = reinterpret_cast<const uint8_t*>(kpre_f.data());
+  std::vector<float> ck_out(size_t(n) * W), cv_out(size_t(n) * W);
+  fetch_dense_cpu(dc, dcr, t0, n_tok, ck_out.data(), cv_out.data());
+  FetchParams dg = pg;
+  dg.n_seq = 1;
+  dg.kmax = 64;
+  cuda::DeviceBuffer d_scratch(size_t(fetch_dense_scratch_bytes(x, dg)));
+  FetchRows dgr = gr;
+  dgr.scratch = d_scratch.data();
+  dgr.prefill_kpre = g_kpre.data<uint8_t>();
+  cuda::DeviceBuffer gk_out(size_t(n) * W * 2), gv_out(size_t(n) * W * 2);
+  fetch_dense(x, dg, dgr, t0, n_tok, gk_out.data(), gv_out.data());
+  sync(x);
+  const auto gk16 = to_host<uint16_t>(gk_out, size_t(n) * W), gv16 = to_host<uint16_t>(gv_out, size_t(n) * W);
+  double worst_dense = 0, mass = 0;
+  for (size_t i = 0; i < ck_out.size(); ++i) {
+    worst_dense = std::max(worst_dense, double(std::abs(bf16_to_f32(gk16[i]) - ck_out[i])) / (1e-3 + std::abs(ck_out[i])));
+    worst_dense = std::max(worst_dense, double(std::abs(bf16_to_f32(gv16[i]) - cv_out[i])) / (1e-3 + std::abs(cv_out[i])));
+    mass += std::abs(ck_out[i]) + std::abs(cv_out[i]);
+  }
+  EXPECT_LT(worst_dense, 1.2e-2) << c.spec << ": fetch_dense";
+  // The same range copied by the copy engine from the tier's CPU address, then decoded.
+  dgr.dense_host = gh[0].host_ptr<uint8_t>();
+  cuda::DeviceBuffer gk2(size_t(n) * W * 2), gv2(size_t(n) * W * 2);
+  fetch_dense(x, dg, dgr, t0, n_tok, gk2.data(), gv2.data());
+  sync(x);
+  EXPECT_EQ(to_host<uint16_t>(gk2, size_t(n) * W), gk16) << c.spec << ": fetch_dense by copy, keys";
+  EXPECT_EQ(to_host<uint16_t>(gv2, size_t(n) * W), gv16) << c.spec << ": fetch_dense by copy, values";
+  EXPECT_GT(mass, 0.1 * double(ck_out.size())) << "the dense rows hold values";
 }
 
 INSTANTIATE_TEST_SUITE_P(
