@@ -15,6 +15,11 @@ for b in .device/stage/bin/*; do
   ldd "$b" | awk '/=> \// {print $3}' |
     grep -E 'libfmt|libopenblas|libblas|liblapack|libpcre2|libgfortran|libquadmath|libboost|liblzma|libgomp|libcpp-httplib|libbrotli' || true
 done | sort -u | while read -r lib; do cp -L "$lib" .device/stage/lib/; done
-tar -C .device/stage -cJf .device/pack.tar.xz bin lib
+# BINS="kvtier kvt_cuda_tests" packs only those (the device tool's upload holds
+# the working tree and the pack within 64 MiB); xz -9e shrinks it further.
+if [ -n "${BINS:-}" ]; then
+  for b in .device/stage/bin/*; do case " $BINS " in *" $(basename "$b") "*) ;; *) rm "$b" ;; esac; done
+fi
+XZ_OPT=-9e tar -C .device/stage -cJf .device/pack.tar.xz bin lib
 rm -rf .device/stage
 ls -la .device/pack.tar.xz
