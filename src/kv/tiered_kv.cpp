@@ -89,7 +89,13 @@ TieredSeq::TieredSeq(const KvPlan& plan, const Device& dev) : plan_(plan), dev_(
   }
 }
 
-TieredSeq::~TieredSeq() = default;
+TieredSeq::~TieredSeq() {
+  if (pref_layer_ < 0) return;
+  try {
+    sync(x_);  // a streamed prefill's read of the next layer may still be running on the side stream
+  } catch (...) {
+  }
+}
 
 RecordFormat TieredSeq::index_fmt() const {
   RecordFormat f;
