@@ -83,11 +83,14 @@ KvGpuCharge kv_gpu_charge(const PolicyConfig& p, const KvGeometry& g, int64_t n_
   at_prompt.policy.cache = CacheMode::step;  // no slot exists before decode starts
   const int64_t cap = std::max(n_total, kTieredMinCapacity);
   const bool stream = p.prefill == PrefillMode::stream;
-  const int64_t copies = stream ? g.n_kv_head : HL;  // KV heads × layers held in bf16
+  // Streamed, the CUDA cache holds one or two layers' copies (one attended,
+  // the next one read on the side stream), each with fetch_dense's staging.
+  const int bufs = stream_layer_copies(true, g.n_layer);
+  const int64_t copies = stream ? int64_t(bufs) * g.n_kv_head : HL;  // KV heads × layers held in bf16
   c.prefill_bytes = plan_footprint(at_prompt, n_total).gpu_bytes + cap * copies * 2 * g.head_dim * 2;
-  if (stream) {  // fetch_dense's staging: per KV head and token of a pass, the records and the list
+  if (stream) {  // staging per KV head and token of a pass: the records and the list
     const int64_t span = plan.host == HostLayout::values_only ? 2 * plan.host_entry_bytes : plan.host_entry_bytes;
-    c.prefill_bytes += int64_t(g.n_kv_head) * std::min(kStreamTokensPerPass, cap) * (span + 9) + 16;
+    c.prefill_bytes += bufs * (int64_t(g.n_kv_head) * std::min(kStreamTokensPerPass, cap) * (span + 9) + 16);
   }
   return c;
 }

@@ -97,5 +97,10 @@ void fit_plan_to_tokens(KvPlan& plan, int64_t n_total);
 constexpr int64_t kTieredMinCapacity = 256;
 // Streamed prefill (policy prefill=stream): tokens fetch_dense decodes per pass.
 constexpr int64_t kStreamTokensPerPass = 8192;
+// Layer-sized K|V copies a streamed prefill holds: on CUDA with more than two
+// layers, two (the next layer is read on a side stream while one attends);
+// otherwise one, read serially (two copies of a two-layer model would cost
+// the dense copy's memory).
+constexpr int stream_layer_copies(bool cuda, int n_layer) { return cuda && n_layer > 2 ? 2 : 1; }
 
 }  // namespace kvtier

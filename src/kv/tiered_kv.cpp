@@ -199,7 +199,7 @@ void TieredSeq::grow(int64_t need) {
   sync(x_);  // queued kernels may still use the old buffers
   if (!decoding_ && stream_) {  // one layer's copy each, rewritten layer by layer: nothing to keep
     pref_layer_ = -1;
-    for (int b = 0; b < (x_.cuda() ? 2 : 1); ++b) {
+    for (int b = 0; b < stream_layer_copies(x_.cuda(), g.n_layer); ++b) {
       StreamBuf& w = work_[b];
       w.k = Buffer();
       w.v = Buffer();
@@ -369,7 +369,7 @@ void TieredSeq::attend_prefill(int layer, const void* q, int64_t q_stride, int n
   // next layer's tokens so far are read on the side stream into the other
   // buffer while this layer attends, so only the chunk's own tokens are read
   // here (serial under stage timing, which then measures the whole read).
-  const bool overlap = x_.cuda() && !x_.clock;
+  const bool overlap = stream_layer_copies(x_.cuda(), g.n_layer) == 2 && !x_.clock;
   int b = 0;
   int64_t have = 0;
   if (pref_layer_ == layer) {
