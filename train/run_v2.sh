@@ -33,7 +33,7 @@ V1=models/kvtier-longctx-19m
 if [ -z "${DATA:-}" ]; then
   if [ -d data/needlebench ]; then DATA=data; else DATA=../shared/data; fi
 fi
-[ -f "$DATA/needlebench/needles.jsonl" ] || { echo "run_v2: no benchmark data in $DATA (set DATA)" >&2; exit 2; }
+{ [ -f "$DATA/needlebench/needles.jsonl" ] || [ -f "$DATA/needlebench/needles.jsonl.xz" ]; } || { echo "run_v2: no benchmark data in $DATA (set DATA)" >&2; exit 2; }
 KVTIER=${KVTIER:-build/tools/kvtier}
 if [ ! -x "$KVTIER" ]; then
   cmake -S . -B build-train -DCMAKE_BUILD_TYPE=Release -DKVT_CUDA=OFF > /dev/null
