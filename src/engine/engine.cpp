@@ -549,10 +549,19 @@ std::unique_ptr<Sequence> Engine::start(std::vector<int32_t> prompt, const Sampl
                                  prompt.size(), impl.max_context));
   // Knobs that size memory in tokens are bounded by the context before any
   // store is built (a `local=` of a billion tokens is refused, not allocated).
-  const PolicyConfig policy = parse_policy(kv_policy.rfind(kAnalysisPrefix, 0) == 0
-                                               ? kv_policy.substr(kAnalysisPrefix.size())
-                                               : kv_policy);
+  // An analysis store ("analyze:P1|P2|...", none with --attention-only)
+  // attends densely and runs each policy beside it: each is bounded.
+  const bool analysis = kv_policy.rfind(kAnalysisPrefix, 0) == 0;
+  const PolicyConfig policy = parse_policy(analysis ? std::string("full") : kv_policy);
   check_policy_fits_context(policy, impl.max_context);
+  if (analysis) {
+    const std::string list = kv_policy.substr(kAnalysisPrefix.size());
+    for (size_t b = 0; b < list.size();) {
+      const size_t e = std::min(list.find('|', b), list.size());
+      check_policy_fits_context(parse_policy(list.substr(b, e - b)), impl.max_context);
+      b = e + 1;
+    }
+  }
   auto s = std::make_unique<Sequence::State>();
   s->engine = &impl;
   const int64_t n_total = std::min<int64_t>(int64_t(prompt.size()) + sampling.max_new_tokens, impl.max_context);
