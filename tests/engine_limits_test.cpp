@@ -137,6 +137,15 @@ TEST(EngineLimits, GpuChargeFollowsThePhases) {
   EXPECT_LT(stream.prefill_bytes, step.prefill_bytes - n_total * kv_row * 30 / 32 + (int64_t(1) << 26));
   EXPECT_GT(stream.prefill_bytes, step.prefill_bytes - n_total * kv_row * 30 / 32);
   EXPECT_EQ(stream.peak(), std::max(stream.prefill_bytes, stream.decode_bytes));
+  // A model of two layers holds one layer's copy streamed (two would cost
+  // the dense copy's memory): the streamed charge stays under the dense one.
+  KvGeometry two = g;
+  two.n_layer = 2;
+  const int64_t row2 = kv_row / 16;  // bf16 K|V of one token in two layers
+  const KvGpuCharge dense2 = kv_gpu_charge(parse_policy("yakv,cache=step"), two, n_prompt, n_total);
+  const KvGpuCharge stream2 = kv_gpu_charge(parse_policy("yakv,cache=step,prefill=stream"), two, n_prompt, n_total);
+  EXPECT_LT(stream2.prefill_bytes, dense2.prefill_bytes - n_total * row2 / 2 + (int64_t(1) << 24));
+  EXPECT_GT(stream2.prefill_bytes, dense2.prefill_bytes - n_total * row2 / 2);
 }
 
 // Under a GPU budget the automatic choices follow the charge: cache=auto is
