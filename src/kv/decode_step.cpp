@@ -48,10 +48,13 @@ void decode_step(DecodeBatch& b, int layer, const void* q, float scale, void* ou
   sp.seq_scales = b.index_scales(layer);
   sp.candidates_only = !per_query;
   float* cand = per_query ? b.agg_.data<float>() : b.scores_.data<float>();
+  // The planar scorer also sums each query's softmax as it goes (on CUDA).
+  const bool fused = per_query && x.cuda() && sp.layout == IndexRecLayout::planar_higgs2;
+  if (fused) sp.gqa_scratch = b.gqa_scratch_.data();
   score_rows(x, sp, b.qidx_.data<float>(), t.plane0, t.plane1, ranges, b.scores_.data<float>());
   if (per_query)
-    gqa_rows(x, {n_seq, H, group, b.score_stride_, b.score_stride_, b.gqa_scratch_.data()}, b.scores_.data<float>(),
-             ranges, cand);
+    gqa_rows(x, {n_seq, H, group, b.score_stride_, b.score_stride_, b.gqa_scratch_.data(), fused},
+             b.scores_.data<float>(), ranges, cand);
 
   // 2. Select: outlier chunks out of the race, the top-k chunks, their tokens.
   stage(x, "select");

@@ -74,6 +74,11 @@ struct ScoreRowsParams {
   float scale = 1.f;         // multiplies every score (1/√head_dim: ShadowKV's softmax temperature)
   const float* seq_scales = nullptr;  // [n_seq] nvfp4 records: each sequence's per-tensor scale
   int64_t out_stride = 0;    // floats between (row, query) score rows
+  // CUDA, planar index, n_q > 1: also leave each query's softmax partials
+  // (max, sum of e^(s − max) per block of tokens) in gqa_rows' scratch
+  // (gqa_rows_scratch_bytes), so that gqa_rows with partials_ready skips its
+  // pass over the scores. Ignored elsewhere.
+  void* gqa_scratch = nullptr;
 };
 // q: [rows, n_q, head_dim] f32 (index_query_rows); plane0/plane1 as index_write;
 // scores: [rows, n_q, out_stride] f32
@@ -88,6 +93,7 @@ struct GqaRowsParams {
   int n_seq = 0, n_kv_head = 0, n_q = 1;
   int64_t in_stride = 0, out_stride = 0;
   void* scratch = nullptr;  // CUDA: gqa_rows_scratch_bytes of device memory
+  bool partials_ready = false;  // CUDA: score_rows left the partials in scratch (ScoreRowsParams::gqa_scratch)
 };
 int64_t gqa_rows_scratch_bytes(int64_t n_rows, int n_q);
 void gqa_rows(const Exec& x, const GqaRowsParams& p, const float* raw, const StepRanges* ranges, float* out);

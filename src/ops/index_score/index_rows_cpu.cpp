@@ -198,7 +198,8 @@ void gqa_rows_cpu(const GqaRowsParams& p, const float* raw, const StepRanges* ra
   });
 }
 
-int64_t gqa_rows_scratch_bytes(int64_t n_rows, int n_q) { return n_rows * n_q * 32 * 8 + 16; }
+// CUDA: per (row, query) up to 256 partials (max, sum) and their count.
+int64_t gqa_rows_scratch_bytes(int64_t n_rows, int n_q) { return n_rows * n_q * (256 * 8 + 4) + 16; }
 
 void mask_rows_cpu(int64_t n_rows, int n_kv_head, int64_t stride, int n_forced, const int32_t* forced,
                    const StepRanges* ranges, float* scores) {

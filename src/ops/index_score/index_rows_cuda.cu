@@ -91,6 +91,32 @@ __global__ void index_query_kernel(IndexQueryParams p, const __nv_bfloat16* __re
 
 // ---- scoring
 
+// Softmax partials of gqa_rows (its scratch): per (row, query) up to
+// kMaxSlices (max, sum of e^(s − max)) pairs, then their counts.
+constexpr int kMaxSlices = 256;
+struct GqaPartials {
+  float2* part;    // [rows · n_q, kMaxSlices]
+  int32_t* count;  // [rows · n_q]
+};
+__host__ __device__ inline GqaPartials gqa_partials(void* scratch, int64_t n_rq) {
+  auto* part = static_cast<float2*>(scratch);
+  return {part, reinterpret_cast<int32_t*>(part + n_rq * kMaxSlices)};
+}
+
+__device__ __forceinline__ void lse_combine(float& m, float& s, float m2, float s2) {
+  const float mx = fmaxf(m, m2);
+  if (mx == -INFINITY) return;
+  s = s * __expf(m - mx) + s2 * __expf(m2 - mx);
+  m = mx;
+}
+
+__device__ __forceinline__ void warp_lse(float& m, float& s) {
+  for (int off = 16; off > 0; off >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, off), s2 = __shfl_xor_sync(0xffffffffu, s, off);
+    lse_combine(m, s, m2, s2);
+  }
+}
+
 constexpr int kScoreThreads = 512;  // one block per SM (the table fills shared memory): many warps hide its latency
 
 struct Range {
@@ -123,10 +149,22 @@ __global__ void __launch_bounds__(kScoreThreads, 1) higgs2_rows_kernel(ScoreRows
                                                                        float* __restrict__ scores) {
   using V = typename LutVec<NQ>::T;
   extern __shared__ float lut_f[];  // [256 codes][32 groups][NQ]
+  __shared__ float2 red[kScoreThreads / 32][NQ];
   V* lut = reinterpret_cast<V*>(lut_f);
   const int64_t row = blockIdx.y;
   const Range rg = score_range(p, ranges[row / p.n_kv_head]);
-  if (int64_t(blockIdx.x) * (kScoreThreads / 32) * 32 >= rg.n) return;  // no token for this block
+  // gqa_rows' partials over this block's tokens (ScoreRowsParams::gqa_scratch).
+  const GqaPartials gp = p.gqa_scratch ? gqa_partials(p.gqa_scratch, int64_t(gridDim.y) * p.n_q)
+                                       : GqaPartials{nullptr, nullptr};
+  auto put_partial = [&](int qi, float m, float s) {
+    const int64_t rq = row * p.n_q + q0 + qi;
+    gp.part[rq * kMaxSlices + blockIdx.x] = make_float2(m, s);
+    if (blockIdx.x == 0) gp.count[rq] = int32_t(gridDim.x);
+  };
+  if (int64_t(blockIdx.x) * (kScoreThreads / 32) * 32 >= rg.n) {  // no token for this block
+    if (gp.part && threadIdx.x < NQ) put_partial(int(threadIdx.x), -INFINITY, 0.f);
+    return;
+  }
   {
     const int j = threadIdx.x & 31;  // fixed per thread: the stride is a multiple of 32
     float4 qv[NQ];
@@ -161,6 +199,9 @@ __global__ void __launch_bounds__(kScoreThreads, 1) higgs2_rows_kernel(ScoreRows
   };
   uint4 na, nb;
   float nscale;
+  float lm[NQ], ls[NQ];  // this lane's softmax partials
+#pragma unroll
+  for (int qi = 0; qi < NQ; ++qi) lm[qi] = -INFINITY, ls[qi] = 0.f;
   const int64_t step = n_warps * 32;
   load(warp_id * 32 + lane, na, nb, nscale);
   for (int64_t t0 = warp_id * 32; t0 < rg.n; t0 += step) {
@@ -197,7 +238,24 @@ __global__ void __launch_bounds__(kScoreThreads, 1) higgs2_rows_kernel(ScoreRows
     }
     if (t < rg.n)
 #pragma unroll
-      for (int qi = 0; qi < NQ; ++qi) scores[(row * p.n_q + q0 + qi) * p.out_stride + t] = p.scale * scale * acc[qi];
+      for (int qi = 0; qi < NQ; ++qi) {
+        const float v = p.scale * scale * acc[qi];
+        scores[(row * p.n_q + q0 + qi) * p.out_stride + t] = v;
+        if (gp.part) lse_combine(lm[qi], ls[qi], v, 1.f);
+      }
+  }
+  if (!gp.part) return;
+  const int warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int qi = 0; qi < NQ; ++qi) {
+    warp_lse(lm[qi], ls[qi]);
+    if (lane == 0) red[warp][qi] = make_float2(lm[qi], ls[qi]);
+  }
+  __syncthreads();
+  if (threadIdx.x < NQ) {
+    float m = -INFINITY, sum = 0.f;
+    for (int w = 0; w < kScoreThreads / 32; ++w) lse_combine(m, sum, red[w][threadIdx.x].x, red[w][threadIdx.x].y);
+    put_partial(int(threadIdx.x), m, sum);
   }
 }
 
@@ -307,48 +365,53 @@ __global__ void __launch_bounds__(128) records_rows_kernel(ScoreRowsParams p, De
 
 // ---- GQA aggregation (softmax per query over all chunks, max over the group)
 
-constexpr int kGqaSlices = 32;
+constexpr int kGqaSlices = 32;  // gqa_partial_kernel's blocks per (row, query)
 constexpr int kGqaThreads = 256;
 
-__device__ __forceinline__ void lse_combine(float& m, float& s, float m2, float s2) {
-  const float mx = fmaxf(m, m2);
-  if (mx == -INFINITY) return;
-  s = s * __expf(m - mx) + s2 * __expf(m2 - mx);
-  m = mx;
-}
-
 __global__ void gqa_partial_kernel(GqaRowsParams p, const float* __restrict__ raw, const StepRanges* __restrict__ ranges,
-                                   float2* partial) {
+                                   GqaPartials gp) {
   const int64_t rq = blockIdx.y;  // row · n_q + j
   const int64_t n_tok = ranges[(rq / p.n_q) / p.n_kv_head].n_chunk;
   const float* x = raw + rq * p.in_stride;
   const int64_t per = (n_tok + kGqaSlices - 1) / kGqaSlices;
   const int64_t t0 = int64_t(blockIdx.x) * per, t1 = min(n_tok, t0 + per);
   float m = -INFINITY, sum = 0.f;
-  for (int64_t t = t0 + threadIdx.x; t < t1; t += blockDim.x) lse_combine(m, sum, x[t], 1.f);
-  for (int off = 16; off > 0; off >>= 1) {
-    const float m2 = __shfl_xor_sync(0xffffffffu, m, off), s2 = __shfl_xor_sync(0xffffffffu, sum, off);
-    lse_combine(m, sum, m2, s2);
+  constexpr int U = 4;  // loads in flight per thread
+  for (int64_t t = t0 + threadIdx.x; t < t1; t += U * blockDim.x) {
+    float v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) v[u] = t + u * blockDim.x < t1 ? x[t + u * blockDim.x] : -INFINITY;
+#pragma unroll
+    for (int u = 0; u < U; ++u) lse_combine(m, sum, v[u], 1.f);
   }
+  warp_lse(m, sum);
   __shared__ float2 warp[kGqaThreads / 32];
   if ((threadIdx.x & 31) == 0) warp[threadIdx.x / 32] = make_float2(m, sum);
   __syncthreads();
   if (threadIdx.x == 0) {
     for (int w = 1; w < kGqaThreads / 32; ++w) lse_combine(m, sum, warp[w].x, warp[w].y);
-    partial[rq * kGqaSlices + blockIdx.x] = make_float2(m, sum);
+    gp.part[rq * kMaxSlices + blockIdx.x] = make_float2(m, sum);
+    if (blockIdx.x == 0) gp.count[rq] = kGqaSlices;
   }
 }
 
 __global__ void gqa_max_kernel(GqaRowsParams p, const float* __restrict__ raw, const StepRanges* __restrict__ ranges,
-                               const float2* __restrict__ partial, float* __restrict__ out) {
+                               GqaPartials gp, float* __restrict__ out) {
   const int64_t row = blockIdx.y;
   const StepRanges r = ranges[row / p.n_kv_head];
   __shared__ float lse[64];
-  for (int j = threadIdx.x; j < p.n_q; j += blockDim.x) {
+  // Each query's log-sum-exp from its partials, a warp per query.
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int j = warp; j < p.n_q; j += kGqaThreads / 32) {
+    const int64_t rq = row * p.n_q + j;
+    const int n = gp.count[rq];
     float m = -INFINITY, sum = 0.f;
-    const float2* pp = partial + (row * p.n_q + j) * kGqaSlices;
-    for (int i = 0; i < kGqaSlices; ++i) lse_combine(m, sum, pp[i].x, pp[i].y);
-    lse[j] = m + __logf(sum);
+    for (int i = lane; i < n; i += 32) {
+      const float2 v = gp.part[rq * kMaxSlices + i];
+      lse_combine(m, sum, v.x, v.y);
+    }
+    warp_lse(m, sum);
+    if (lane == 0) lse[j] = m + __logf(sum);
   }
   __syncthreads();
   const int64_t n_sel = r.c_hi - r.c_lo;
@@ -704,7 +767,15 @@ void score_rows(const Exec& x, const ScoreRowsParams& p, const float* q, const u
       // building tables than scoring.
       const int64_t per_sm =
           std::max<int64_t>(1, std::min<int64_t>(int64_t(227 * 1024) / int64_t(smem), 2048 / kScoreThreads));
-      const unsigned bx = unsigned(std::max<int64_t>(1, (int64_t(n_sm) * per_sm + n_rows - 1) / n_rows));
+      // Rounded down: one block more than the SMs hold would run alone in a
+      // second wave and double the kernel's time (at 8 rows and one 128 KB
+      // table per SM, 17 blocks a row made 136 blocks for 132 SMs).
+      unsigned bx = unsigned(std::max<int64_t>(1, int64_t(n_sm) * per_sm / n_rows));
+      if (p.gqa_scratch) {
+        KVT_CHECK(p.n_q > 1 && reinterpret_cast<uintptr_t>(p.gqa_scratch) % 8 == 0,
+                  "score_rows: softmax partials are for n_q > 1, in 8-byte aligned scratch");
+        bx = std::min<unsigned>(bx, kMaxSlices);
+      }
       const dim3 grid(bx, unsigned(n_rows));
       if (nq == 4) {
         static const bool once = [smem] {
@@ -763,11 +834,13 @@ void gqa_rows(const Exec& x, const GqaRowsParams& p, const float* raw, const Ste
   KVT_CHECK(p.n_q >= 1 && p.n_q <= 64 && n_rows * p.n_q < 65536, "gqa_rows: {} rows of {} queries", n_rows, p.n_q);
   if (n_rows == 0) return;
   KVT_CHECK(p.scratch && reinterpret_cast<uintptr_t>(p.scratch) % 8 == 0, "gqa_rows: needs 8-byte aligned scratch");
-  auto* partial = static_cast<float2*>(p.scratch);  // [rows · n_q, kGqaSlices] (max, sum)
-  gqa_partial_kernel<<<dim3(kGqaSlices, unsigned(n_rows * p.n_q)), kGqaThreads, 0, st(x)>>>(p, raw, ranges, partial);
-  KVT_CUDA_LAUNCH_CHECK("gqa_partial_kernel");
+  const GqaPartials gp = gqa_partials(p.scratch, n_rows * p.n_q);
+  if (!p.partials_ready) {
+    gqa_partial_kernel<<<dim3(kGqaSlices, unsigned(n_rows * p.n_q)), kGqaThreads, 0, st(x)>>>(p, raw, ranges, gp);
+    KVT_CUDA_LAUNCH_CHECK("gqa_partial_kernel");
+  }
   const int64_t bx = std::max<int64_t>(1, 1024 / n_rows);
-  gqa_max_kernel<<<dim3(unsigned(bx), unsigned(n_rows)), kGqaThreads, 0, st(x)>>>(p, raw, ranges, partial, out);
+  gqa_max_kernel<<<dim3(unsigned(bx), unsigned(n_rows)), kGqaThreads, 0, st(x)>>>(p, raw, ranges, gp, out);
   KVT_CUDA_LAUNCH_CHECK("gqa_max_kernel");
 }
 

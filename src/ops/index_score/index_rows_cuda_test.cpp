@@ -211,6 +211,28 @@ TEST_P(ScoreRowsCuda, MatchesTheCpuQuantizersScores) {
       }
   }
   EXPECT_LT(worst, 2e-5) << spec;
+  if (!planar || n_q == 1 || c.candidates_only) return;
+  // The planar scorer's softmax partials (ScoreRowsParams::gqa_scratch) give
+  // gqa_rows the GQA aggregate of the CPU's scores without its own pass.
+  std::vector<float> agg_c(size_t(rows) * stride, 0.f);
+  GqaRowsParams gp{n_seq, H, n_q, stride, stride};
+  gqa_rows_cpu(gp, want.data(), ranges.data(), agg_c.data());
+  cuda::DeviceBuffer d_gs(size_t(gqa_rows_scratch_bytes(rows, n_q)));
+  poison(d_gs);
+  p.gqa_scratch = d_gs.data();
+  score_rows(x, p, d_q.data<float>(), p0.d(), p1.d(), d_ranges.data<StepRanges>(), d_s.data<float>());
+  gp.scratch = d_gs.data();
+  gp.partials_ready = true;
+  cuda::DeviceBuffer d_agg(agg_c.size() * 4);
+  poison(d_agg);
+  gqa_rows(x, gp, d_s.data<float>(), d_ranges.data<StepRanges>(), d_agg.data<float>());
+  sync(x);
+  const auto agg_g = to_host<float>(d_agg, agg_c.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    const StepRanges& sr = ranges[size_t(r / H)];
+    for (int64_t i = 0; i < sr.c_hi - sr.c_lo; ++i)
+      ASSERT_NEAR(agg_g[size_t(r * stride + i)], agg_c[size_t(r * stride + i)], 2e-4) << r << " " << i;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
