@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "backend/stage_clock.h"
@@ -52,6 +53,8 @@ const float* half_norms(const QuantSpec& s, const Buffer& grid) {
 }  // namespace
 
 TieredSeq::TieredSeq(const KvPlan& plan, const Device& dev) : plan_(plan), dev_(dev), x_(dev.exec()) {
+  static std::atomic<uint64_t> next_uid{1};
+  uid_ = next_uid.fetch_add(1);
   KVT_CHECK(!plan.dense && plan.device == dev.kind(), "tiered cache: plan for {} on {}", to_string(plan.policy),
             device_name(plan.device));
   const KvGeometry& g = plan.geometry;

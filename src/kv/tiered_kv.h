@@ -99,6 +99,7 @@ class TieredSeq {
   unsigned long long* counters() const { return counters_.data<unsigned long long>(); }
   void note_decode_append(int layer) { ++n_[size_t(layer)]; }
   uint64_t generation() const { return generation_; }  // bumps when buffers move
+  uint64_t uid() const { return uid_; }  // unique in the process (an address may be reused)
 
  private:
   void grow(int64_t need);
@@ -139,6 +140,7 @@ class TieredSeq {
   int n_outlier_tok_ = 0;
   bool decoding_ = false;
   uint64_t generation_ = 0;
+  uint64_t uid_ = 0;
   Buffer grid_, signs_, meta_grid_, meta_signs_, host_grid_, host_signs_;  // quantizer tables (device)
   Buffer inv_freq_;                 // RoPE [head_dim/2] f32 (device)
   Buffer counters_;                 // [2] selected, misses (device)

@@ -18,6 +18,7 @@
 #include "ops/embed/embed_cuda.h"
 #include "core/half.h"
 #include "core/threads.h"
+#include "kv/decode_groups.h"
 #include "model/model.h"
 #include "ops/dequant/dequant.h"
 #include "ops/gemm/gemm_cuda.h"
@@ -317,6 +318,7 @@ class CudaSequence final : public GpuSequence {
   void ensure_logit_rows(int rows);
   cudaGraphExec_t graph_ = nullptr;
   uint64_t graph_key_ = 0, warm_key_ = 0;
+  DecodeGroups groups_;  // forward_decode's arrangement of the batch (rows of one tiered policy together)
 };
 
 CudaSequence::~CudaSequence() {
@@ -329,7 +331,8 @@ CudaSequence::CudaSequence(CudaModel& m, int capacity)
       cap_(capacity),
       q_dim_(int64_t(m.c_.n_head) * m.c_.head_dim),
       kv_dim_(int64_t(m.c_.n_kv_head) * m.c_.head_dim),
-      s_(static_cast<cudaStream_t>(m.dev_.exec().stream)) {
+      s_(static_cast<cudaStream_t>(m.dev_.exec().stream)),
+      groups_(m.dev_) {
   KVT_CHECK(capacity > 0, "GPU sequence: capacity {} must be positive", capacity);
   const size_t n = size_t(capacity), E = size_t(c_.n_embd), bf = 2;
   ids_ = DeviceBuffer(n * 4);
@@ -413,36 +416,49 @@ void CudaSequence::forward_decode(const int32_t* tokens, const int64_t* pos, KvC
   std::vector<const KvCache*> seen(kvs, kvs + n_seq);
   std::sort(seen.begin(), seen.end());
   KVT_CHECK(std::adjacent_find(seen.begin(), seen.end()) == seen.end(), "GPU batch: a KV cache appears twice");
-  auto* hi = h_ids_.host<int32_t>();
-  auto* hp = h_pos_.host<int64_t>();
   for (int i = 0; i < n_seq; ++i) {
     KVT_CHECK(kvs[i], "GPU batch: sequence {} has no KV cache", i);
     check_cache(*kvs[i], pos[i]);
     KVT_CHECK(tokens[i] >= 0 && tokens[i] < c.n_vocab, "token id {} out of vocabulary ({})", tokens[i], c.n_vocab);
-    hi[i] = tokens[i];
-    hp[i] = pos[i];
+  }
+  groups_.arrange(kvs, n_seq);  // row j of the forward is sequence order()[j]
+  const std::vector<int>& order = groups_.order();
+  std::vector<KvCache*> rows(static_cast<size_t>(n_seq), nullptr);
+  auto* hi = h_ids_.host<int32_t>();
+  auto* hp = h_pos_.host<int64_t>();
+  for (int j = 0; j < n_seq; ++j) {
+    const int i = order[size_t(j)];
+    rows[size_t(j)] = kvs[i];
+    hi[j] = tokens[i];
+    hp[j] = pos[i];
   }
   ensure_logit_rows(n_seq);
-  for (int i = 0; i < n_seq; ++i) kvs[i]->begin_step(1);
+  groups_.begin_step(rows.data(), n_seq);
   // The batch replays the graph of its last step while the same caches
-  // step together and none of them moved (the solo rule, per cache).
+  // step together in the same order and none of them moved (the solo rule,
+  // per cache and per group).
   bool graph = m_.graphs_;
   uint64_t key = 0x9E3779B97F4A7C15ull * uint64_t(n_seq);
-  for (int i = 0; i < n_seq && graph; ++i) {
-    graph = kvs[i]->decoding() && kvs[i]->graph_safe();
-    key = (key ^ (kvs[i]->graph_token() + 1)) * 0x100000001B3ull ^ uint64_t(reinterpret_cast<uintptr_t>(kvs[i]));
+  for (int j = 0; j < n_seq && graph; ++j) {
+    KvCache* kv = rows[size_t(j)];
+    graph = kv->decoding() && kv->graph_safe();
+    key = (key ^ (kv->graph_token() + 1)) * 0x100000001B3ull ^ uint64_t(reinterpret_cast<uintptr_t>(kv));
   }
+  key = groups_.graph_key(key);
   if (graph && graph_ && key == graph_key_) {
     KVT_CUDA_CHECK(cudaGraphLaunch(graph_, s_));
   } else if (graph && key == warm_key_) {
-    capture_and_launch(n_seq, kvs, n_seq, n_seq);
+    capture_and_launch(n_seq, rows.data(), n_seq, n_seq);
     graph_key_ = key;
   } else {  // eager: the first step of a new batch (lazy allocations happen outside a capture)
-    run(n_seq, kvs, n_seq, n_seq);
+    run(n_seq, rows.data(), n_seq, n_seq);
     warm_key_ = graph ? key : 0;
   }
   KVT_CUDA_CHECK(cudaStreamSynchronize(s_));
-  std::memcpy(logits, h_logits_.host(), size_t(n_seq) * size_t(c.n_vocab) * 4);
+  const size_t row_bytes = size_t(c.n_vocab) * 4;
+  for (int j = 0; j < n_seq; ++j)
+    std::memcpy(logits + size_t(order[size_t(j)]) * c.n_vocab, h_logits_.host<uint8_t>() + size_t(j) * row_bytes,
+                row_bytes);
 }
 
 void CudaSequence::check_cache(const KvCache& kv, int64_t pos) const {
@@ -509,12 +525,21 @@ void CudaSequence::run(int n_tok, KvCache* const* kvs, int n_kv, int n_logits) {
     if (n_kv == 1) {
       kvs[0]->append(l, k_pre_.data(), k_.data(), v_.data(), kv_dim_, n_tok);
       kvs[0]->attend(l, q_.data(), q_dim_, n_tok, scale, att_.data());  // att: [n_tok, n_head, hd]
-    } else {  // a batch of steps: row i through sequence i's cache
-      for (int i = 0; i < n_kv; ++i) {
+    } else {  // a batch of steps: row i through sequence i's cache, a group's rows through its DecodeBatch
+      for (int i = 0; i < n_kv;) {
         const size_t kv_row = size_t(i) * size_t(kv_dim_), q_row = size_t(i) * size_t(q_dim_);
-        kvs[i]->append(l, k_pre_.data<uint16_t>() + kv_row, k_.data<uint16_t>() + kv_row, v_.data<uint16_t>() + kv_row,
-                       kv_dim_, 1);
-        kvs[i]->attend(l, q_.data<uint16_t>() + q_row, q_dim_, 1, scale, att_.data<uint16_t>() + q_row);
+        const uint16_t *kp = k_pre_.data<uint16_t>() + kv_row, *k = k_.data<uint16_t>() + kv_row,
+                       *v = v_.data<uint16_t>() + kv_row, *q = q_.data<uint16_t>() + q_row;
+        uint16_t* out = att_.data<uint16_t>() + q_row;
+        if (const DecodeGroups::Group* g = groups_.starting_at(i)) {
+          g->batch->append(l, kp, k, v, kv_dim_);
+          g->batch->attend(l, q, scale, out);
+          i += g->n;
+        } else {
+          kvs[i]->append(l, kp, k, v, kv_dim_, 1);
+          kvs[i]->attend(l, q, q_dim_, 1, scale, out);
+          ++i;
+        }
       }
     }
     gemm.run(n_tok, E, q_dim_, att_.data(), L.wo.data(), delta_.data(), s_);
