@@ -19,6 +19,8 @@
 
 namespace kvtier {
 
+class DecodeGroups;
+
 struct LayerWeights {
   std::vector<float> attn_norm;                // [n_embd]
   WeightView wq, wk, wv, wo;                   // [n_head*hd, n_embd] ... [n_embd, n_head*hd]
@@ -43,6 +45,7 @@ struct ForwardScratch {
   std::vector<float> moe_out;  // [capacity, n_embd] (MoE models)
   MoeScratch moe;
   std::vector<int64_t> positions;
+  std::shared_ptr<DecodeGroups> groups;  // forward_decode: sequences of one tiered policy step together
 };
 
 class Model {
