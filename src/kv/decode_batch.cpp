@@ -48,10 +48,7 @@ void DecodeBatch::build_tables() {
   }
   n_res_slots_ = int(seqs_[0]->resident_slots());
   n_out_ = plan_.n_outlier_tok / plan_.chunk;
-  // On the CPU the split count sets each row's summation order: a batch's
-  // rows take the count a sequence alone would, so that they equal their
-  // solo selves bit for bit.
-  n_split_ = decode_attn_splits(x_, x_.cuda() ? R : H, kmax_tok_, 128);
+  n_split_ = decode_attn_splits(x_, R, kmax_tok_, 128);
   // Row tables, every layer.
   const size_t per_layer = size_t(kRowTables) * R + size_t(kSeqTables) * B;
   host_tables_.assign(per_layer * L, 0);

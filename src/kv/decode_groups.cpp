@@ -33,7 +33,7 @@ void DecodeGroups::arrange(KvCache* const* kvs, int n) {
         uids.push_back(q.uid());
       }
       Held& h = held_[k];
-      if (!h.batch) h.batch = std::make_unique<DecodeBatch>(seqs[0]->plan(), seqs[0]->device());
+      if (!h.batch) h.batch = std::make_unique<DecodeBatch>(seqs[0]->plan(), dev_);
       if (h.uids != uids) {  // sequences joined or left
         h.batch->set_sequences(seqs);
         h.uids = uids;

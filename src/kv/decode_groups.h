@@ -2,7 +2,7 @@
 // one tiered policy sit side by side and step through one DecodeBatch, so
 // each stage of their attention (scoring, top-k, fetch, attention, merge) is
 // one launch for the group; `full` and a policy's lone sequence step through
-// their own caches. Used by the batched decode of both devices' models.
+// their own caches. Used by the GPU model's batched decode.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/device.h"
 #include "kv/decode_batch.h"
 #include "kv/kv_cache.h"
 
@@ -17,6 +18,7 @@ namespace kvtier {
 
 class DecodeGroups {
  public:
+  explicit DecodeGroups(const Device& dev) : dev_(dev) {}
   struct Group {
     int first = 0, n = 0;  // rows [first, first + n) of the forward
     DecodeBatch* batch = nullptr;
@@ -39,6 +41,7 @@ class DecodeGroups {
     std::unique_ptr<DecodeBatch> batch;
     std::vector<uint64_t> uids;  // its sequences (TieredSeq::uid), in order
   };
+  const Device& dev_;
   std::vector<int> order_;
   std::vector<Group> groups_;
   std::vector<int> group_at_;         // row → index in groups_ of the group starting there, else −1

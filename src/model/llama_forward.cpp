@@ -2,14 +2,12 @@
 // scratch buffers (STYLE rule 1). Qwen2 adds q/k/v biases, Qwen3 RMSNorm over
 // each head of q and k before RoPE; the MoE layers of Qwen3-MoE and Mixtral
 // replace the SwiGLU block by the mixture of experts (ops/moe).
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
 
 #include "core/status.h"
 #include "core/threads.h"
-#include "kv/decode_groups.h"
 #include "model/model.h"
 #include "ops/dequant/dequant.h"
 #include "ops/rmsnorm/rmsnorm.h"
@@ -49,42 +47,21 @@ void Model::forward_decode(const int32_t* tokens, const int64_t* pos, KvCache* c
   const ModelConfig& c = source_.config;
   KVT_CHECK(n_seq > 0 && n_seq <= s.capacity, "forward_decode: {} sequences, scratch holds {}", n_seq,
             s.capacity);
-  for (int i = 0; i < n_seq; ++i) check_cpu_cache(*kvs[i]);
-  // Row j of the forward is sequence order[j]: the sequences of one tiered
-  // policy side by side, stepping through one decode step together.
-  if (!s.groups) s.groups = std::make_shared<DecodeGroups>();
-  DecodeGroups& groups = *s.groups;
-  groups.arrange(kvs, n_seq);
-  const std::vector<int>& order = groups.order();
-  std::vector<KvCache*> rows(static_cast<size_t>(n_seq));
-  std::vector<int32_t> row_tokens(static_cast<size_t>(n_seq));
-  for (int j = 0; j < n_seq; ++j) {
-    rows[size_t(j)] = kvs[order[size_t(j)]];
-    row_tokens[size_t(j)] = tokens[order[size_t(j)]];
-    s.positions[size_t(j)] = pos[order[size_t(j)]];
+  for (int i = 0; i < n_seq; ++i) {
+    check_cpu_cache(*kvs[i]);
+    kvs[i]->begin_step(1);
+    s.positions[size_t(i)] = pos[i];
   }
-  groups.begin_step(rows.data(), n_seq);
   const int q_dim = c.n_head * c.head_dim, kv_dim = c.n_kv_head * c.head_dim;
   const float att_scale = 1.0f / std::sqrt(float(c.head_dim));
-  const bool in_order = std::is_sorted(order.begin(), order.end());
-  std::vector<float> row_logits(in_order ? 0 : size_t(n_seq) * size_t(c.n_vocab));
-  run_layers(row_tokens.data(), n_seq, s, [&](int l) {
-    for (int j = 0; j < n_seq;) {
-      const size_t kv_at = size_t(j) * kv_dim, q_at = size_t(j) * q_dim;
-      if (const DecodeGroups::Group* g = groups.starting_at(j)) {
-        g->batch->append(l, &s.k_pre[kv_at], &s.k[kv_at], &s.v[kv_at], kv_dim);
-        g->batch->attend(l, &s.q[q_at], att_scale, &s.att[q_at]);
-        j += g->n;
-      } else {  // row j attends through its own cache alone
-        rows[size_t(j)]->append(l, &s.k_pre[kv_at], &s.k[kv_at], &s.v[kv_at], kv_dim, 1);
-        rows[size_t(j)]->attend(l, &s.q[q_at], q_dim, 1, att_scale, &s.att[q_at]);
-        ++j;
-      }
+  run_layers(tokens, n_seq, s, [&](int l) {
+    // Row i is sequence i's token: it attends through its own cache alone.
+    for (int i = 0; i < n_seq; ++i) {
+      const size_t kv_at = size_t(i) * kv_dim, q_at = size_t(i) * q_dim;
+      kvs[i]->append(l, &s.k_pre[kv_at], &s.k[kv_at], &s.v[kv_at], kv_dim, 1);
+      kvs[i]->attend(l, &s.q[q_at], q_dim, 1, att_scale, &s.att[q_at]);
     }
-  }, n_seq, in_order ? logits : row_logits.data());
-  if (!in_order)
-    for (int j = 0; j < n_seq; ++j)
-      std::copy_n(row_logits.data() + size_t(j) * c.n_vocab, c.n_vocab, logits + size_t(order[size_t(j)]) * c.n_vocab);
+  }, n_seq, logits);
 }
 
 void Model::check_cpu_cache(const KvCache& kv) const {

@@ -19,8 +19,6 @@
 
 namespace kvtier {
 
-class DecodeGroups;
-
 struct LayerWeights {
   std::vector<float> attn_norm;                // [n_embd]
   WeightView wq, wk, wv, wo;                   // [n_head*hd, n_embd] ... [n_embd, n_head*hd]
@@ -45,7 +43,6 @@ struct ForwardScratch {
   std::vector<float> moe_out;  // [capacity, n_embd] (MoE models)
   MoeScratch moe;
   std::vector<int64_t> positions;
-  std::shared_ptr<DecodeGroups> groups;  // forward_decode: sequences of one tiered policy step together
 };
 
 class Model {

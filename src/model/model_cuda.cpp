@@ -331,7 +331,8 @@ CudaSequence::CudaSequence(CudaModel& m, int capacity)
       cap_(capacity),
       q_dim_(int64_t(m.c_.n_head) * m.c_.head_dim),
       kv_dim_(int64_t(m.c_.n_kv_head) * m.c_.head_dim),
-      s_(static_cast<cudaStream_t>(m.dev_.exec().stream)) {
+      s_(static_cast<cudaStream_t>(m.dev_.exec().stream)),
+      groups_(m.dev_) {
   KVT_CHECK(capacity > 0, "GPU sequence: capacity {} must be positive", capacity);
   const size_t n = size_t(capacity), E = size_t(c_.n_embd), bf = 2;
   ids_ = DeviceBuffer(n * 4);
