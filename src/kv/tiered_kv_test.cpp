@@ -13,6 +13,7 @@
 #include "core/half.h"
 #include "core/status.h"
 #include "kv/decode_batch.h"
+#include "kv/decode_groups.h"
 #include "kv/dense_kv.h"
 #include "kv/full_kv.h"
 #include "kv/tiered_kv.h"
@@ -392,6 +393,100 @@ TEST(PrefillChoice, AutoStreamsWhenTheDenseCopyDoesNotFit) {
   EXPECT_FALSE(choose_prefill_stream(PrefillMode::dense, true, 400 * G, 50 * G, total));  // asked for
   EXPECT_TRUE(choose_prefill_stream(PrefillMode::stream, false, G, 0, 0));
   EXPECT_FALSE(choose_prefill_stream(PrefillMode::auto_, false, 400 * G, 0, 0));  // the CPU: dense
+}
+
+// DecodeGroups (the GPU batch's arrangement, run here on the CPU): sequences
+// of one tiered policy side by side, stepping through one DecodeBatch; each
+// row's output equals its twin's stepped alone (within float rounding: the
+// CPU's attention splits depend on the rows); a group whose members change
+// rebuilds its tables.
+TEST(DecodeGroups, APolicysSequencesStepTogetherAsEachAlone) {
+  const int L = 2, D = 64, H = 2, QH = 4, W = H * D, n_steps = 6;
+  const KvGeometry g = geometry(L, QH, H, D);
+  Device cpu(DeviceKind::cpu);
+  // A budget of 300+ tokens: a row's attention takes more than one split alone.
+  const std::vector<std::string> pols{"yakv,budget=0.5", "full", "yakv,budget=0.5", "yakv,kv=fp8", "yakv,budget=0.5"};
+  const int n = int(pols.size());
+  std::vector<std::unique_ptr<KvCache>> grouped, alone;
+  std::mt19937 rng(11);
+  for (int i = 0; i < n; ++i) {
+    const KvPlan plan = plan_kv(parse_policy(pols[size_t(i)]), g, DeviceKind::cpu);
+    grouped.push_back(make_kv_cache(plan, cpu));
+    alone.push_back(make_kv_cache(plan, cpu));
+    const int len = 650 + 37 * i;
+    grouped.back()->reserve(len + n_steps);
+    alone.back()->reserve(len + n_steps);
+    for (int l = 0; l < L; ++l) {
+      const auto k = bf16_values(rng, size_t(len) * W, 1.f), v = bf16_values(rng, size_t(len) * W, 1.f);
+      grouped.back()->append(l, k.data(), k.data(), v.data(), W, len);
+      alone.back()->append(l, k.data(), k.data(), v.data(), W, len);
+    }
+    grouped.back()->start_decode();
+    alone.back()->start_decode();
+  }
+  std::vector<KvCache*> kvs;
+  for (auto& c : grouped) kvs.push_back(c.get());
+  DecodeGroups groups(cpu);
+  groups.arrange(kvs.data(), n);
+  // full first (no group); the three yakv sequences side by side, in the
+  // caller's order, as one group; yakv,kv=fp8 alone.
+  EXPECT_EQ(groups.order()[0], 1);
+  ASSERT_EQ(groups.groups().size(), 1u);
+  const DecodeGroups::Group& g0 = groups.groups()[0];
+  ASSERT_EQ(g0.n, 3);
+  EXPECT_EQ(std::vector<int>(groups.order().begin() + g0.first, groups.order().begin() + g0.first + 3),
+            (std::vector<int>{0, 2, 4}));
+  EXPECT_EQ(groups.starting_at(g0.first), &g0);
+  EXPECT_EQ(groups.starting_at(g0.first + 1), nullptr);
+  const float scale = 0.125f;
+  uint64_t builds = 0;
+  for (int step = 0; step < n_steps; ++step) {
+    // Steps 3 and 4 without the second yakv sequence: its group shrinks, then it joins again.
+    std::vector<int> active;
+    for (int i = 0; i < n; ++i)
+      if (i != 2 || step < 3 || step > 4) active.push_back(i);
+    const int m = int(active.size());
+    std::vector<KvCache*> batch;
+    for (int i : active) batch.push_back(kvs[size_t(i)]);
+    groups.arrange(batch.data(), m);
+    ASSERT_EQ(groups.groups().size(), 1u);
+    EXPECT_EQ(groups.groups()[0].n, m - 2);
+    std::vector<int> seq;  // row j → sequence index
+    std::vector<KvCache*> rows;
+    for (int j : groups.order()) {
+      seq.push_back(active[size_t(j)]);
+      rows.push_back(batch[size_t(j)]);
+    }
+    groups.begin_step(rows.data(), m);
+    if (step == 3) EXPECT_GT(groups.groups()[0].batch->builds(), builds) << "a member left: tables rebuilt";
+    builds = groups.groups()[0].batch->builds();
+    for (int i : active) alone[size_t(i)]->begin_step(1);
+    for (int l = 0; l < L; ++l) {
+      const auto k = bf16_values(rng, size_t(m) * W, 1.f), v = bf16_values(rng, size_t(m) * W, 1.f);
+      const auto q = bf16_values(rng, size_t(m) * QH * D, 1.f);  // row j: sequence seq[j]
+      std::vector<float> out(size_t(m) * QH * D), want(out.size());
+      for (int j = 0; j < m;) {
+        const size_t kv_at = size_t(j) * W, q_at = size_t(j) * QH * D;
+        if (const DecodeGroups::Group* gr = groups.starting_at(j)) {
+          gr->batch->append(l, &k[kv_at], &k[kv_at], &v[kv_at], W);
+          gr->batch->attend(l, &q[q_at], scale, &out[q_at]);
+          j += gr->n;
+        } else {
+          rows[size_t(j)]->append(l, &k[kv_at], &k[kv_at], &v[kv_at], W, 1);
+          rows[size_t(j)]->attend(l, &q[q_at], QH * D, 1, scale, &out[q_at]);
+          ++j;
+        }
+      }
+      for (int j = 0; j < m; ++j) {
+        KvCache& a = *alone[size_t(seq[size_t(j)])];
+        const size_t kv_at = size_t(j) * W, q_at = size_t(j) * QH * D;
+        a.append(l, &k[kv_at], &k[kv_at], &v[kv_at], W, 1);
+        a.attend(l, &q[q_at], QH * D, 1, scale, &want[q_at]);
+      }
+      ASSERT_LT(rel_l2(out, want), 1e-5) << "step " << step << " layer " << l;
+    }
+  }
+  for (int i = 0; i < n; ++i) EXPECT_EQ(grouped[size_t(i)]->n_tokens(0), alone[size_t(i)]->n_tokens(0));
 }
 
 }  // namespace
