@@ -1,0 +1,461 @@
+// score_rows and gqa_rows on the GPU (index_rows.h; the CPU versions in
+// index_rows_cpu.cpp are the specification): the index's scores per row
+// (sequence, KV head) and ShadowKV's GQA aggregation of them. Like every
+// kernel of index_rows_cuda.cu, they read each row's storage and lengths
+// from the row tables and the per-sequence StepRanges.
+//
+// Scoring kernels:
+//  * planar higgs2 (head_dim 128): a per-block lookup table
+//    lut[c][j][q] = q_rot[4j..4j+3]·grid[c] turns a token's score into 32
+//    shared-memory vector reads, each serving up to 4 queries (product
+//    quantization's asymmetric distance); a lane
+//    owns a token and reads its 32 code bytes with two 16-byte loads; at step s
+//    lane l reads group j = s ^ l, so a warp hits 32 different banks.
+//  * dense bf16 / fp8 records (ShadowKV's chunk means, exact keys): lanes of a
+//    group each own 16 bytes of a record and reduce by shuffles.
+//  * any other record format: a thread per record, decoding it with the
+//    device quantizer library (quant_dev.cuh), the query in shared memory.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include "backend/cuda_backend.h"
+#include "ops/index_score/index_rows_cuda.h"
+#include "ops/quant/quant_dev.cuh"
+
+namespace kvtier::cuda {
+namespace {
+
+// ---- scoring
+
+// Softmax partials of gqa_rows (its scratch): per (row, query) up to
+// kMaxSlices (max, sum of e^(s − max)) pairs, then their counts.
+constexpr int kMaxSlices = 256;
+struct GqaPartials {
+  float2* part;    // [rows · n_q, kMaxSlices]
+  int32_t* count;  // [rows · n_q]
+};
+__host__ __device__ inline GqaPartials gqa_partials(void* scratch, int64_t n_rq) {
+  auto* part = static_cast<float2*>(scratch);
+  return {part, reinterpret_cast<int32_t*>(part + n_rq * kMaxSlices)};
+}
+
+__device__ __forceinline__ void lse_combine(float& m, float& s, float m2, float s2) {
+  const float mx = fmaxf(m, m2);
+  if (mx == -INFINITY) return;
+  s = s * __expf(m - mx) + s2 * __expf(m2 - mx);
+  m = mx;
+}
+
+__device__ __forceinline__ void warp_lse(float& m, float& s) {
+  for (int off = 16; off > 0; off >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, off), s2 = __shfl_xor_sync(0xffffffffu, s, off);
+    lse_combine(m, s, m2, s2);
+  }
+}
+
+constexpr int kScoreThreads = 512;  // one block per SM (the table fills shared memory): many warps hide its latency
+
+struct Range {
+  int64_t c0, n;  // first chunk scored, chunks scored
+};
+__device__ __forceinline__ Range score_range(const ScoreRowsParams& p, const StepRanges& r) {
+  return p.candidates_only ? Range{r.c_lo, r.c_hi - r.c_lo} : Range{0, r.n_chunk};
+}
+
+// The table entry of (code c, group j): its NQ queries' dot products, one
+// vector load per token and group.
+template <int NQ> struct LutVec;
+template <> struct LutVec<1> { using T = float; };
+template <> struct LutVec<2> { using T = float2; };
+template <> struct LutVec<4> { using T = float4; };
+template <int NQ>
+__device__ __forceinline__ float lut_get(const typename LutVec<NQ>::T& v, int qi) {
+  if constexpr (NQ == 1) return v;
+  else return reinterpret_cast<const float*>(&v)[qi];
+}
+
+// q: [rows, n_q_total, 128]; scores the queries [q0, q0 + NQ) of each row.
+template <int NQ>
+__global__ void __launch_bounds__(kScoreThreads, 1) higgs2_rows_kernel(ScoreRowsParams p, int q0,
+                                                                       const float* __restrict__ q,
+                                                                       const uint8_t* const* __restrict__ codes_rows,
+                                                                       const uint8_t* const* __restrict__ scale_rows,
+                                                                       const StepRanges* __restrict__ ranges,
+                                                                       const float* __restrict__ grid,
+                                                                       float* __restrict__ scores) {
+  using V = typename LutVec<NQ>::T;
+  extern __shared__ float lut_f[];  // [256 codes][32 groups][NQ]
+  __shared__ float2 red[kScoreThreads / 32][NQ];
+  V* lut = reinterpret_cast<V*>(lut_f);
+  const int64_t row = blockIdx.y;
+  const Range rg = score_range(p, ranges[row / p.n_kv_head]);
+  // gqa_rows' partials over this block's tokens (ScoreRowsParams::gqa_scratch).
+  const GqaPartials gp = p.gqa_scratch ? gqa_partials(p.gqa_scratch, int64_t(gridDim.y) * p.n_q)
+                                       : GqaPartials{nullptr, nullptr};
+  auto put_partial = [&](int qi, float m, float s) {
+    const int64_t rq = row * p.n_q + q0 + qi;
+    gp.part[rq * kMaxSlices + blockIdx.x] = make_float2(m, s);
+    if (blockIdx.x == 0) gp.count[rq] = int32_t(gridDim.x);
+  };
+  if (int64_t(blockIdx.x) * (kScoreThreads / 32) * 32 >= rg.n) {  // no token for this block
+    if (gp.part && threadIdx.x < NQ) put_partial(int(threadIdx.x), -INFINITY, 0.f);
+    return;
+  }
+  {
+    const int j = threadIdx.x & 31;  // fixed per thread: the stride is a multiple of 32
+    float4 qv[NQ];
+#pragma unroll
+    for (int qi = 0; qi < NQ; ++qi)
+      qv[qi] = *reinterpret_cast<const float4*>(q + ((row * p.n_q) + q0 + qi) * 128 + 4 * j);
+    for (int e = threadIdx.x; e < 8192; e += kScoreThreads) {
+      const float4 g = __ldg(reinterpret_cast<const float4*>(grid) + (e >> 5));
+      V v;
+#pragma unroll
+      for (int qi = 0; qi < NQ; ++qi)
+        reinterpret_cast<float*>(&v)[qi] = qv[qi].x * g.x + qv[qi].y * g.y + qv[qi].z * g.z + qv[qi].w * g.w;
+      lut[e] = v;
+    }
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  const uint8_t* codes = codes_rows[row] + rg.c0 * 32;
+  const uint16_t* scales = reinterpret_cast<const uint16_t*>(scale_rows[row]) + rg.c0;
+  const uint32_t wsel = uint32_t(lane) >> 2, x = uint32_t(lane) & 3;
+  const uint32_t bsel = x | ((1 ^ x) << 4) | ((2 ^ x) << 8) | ((3 ^ x) << 12);
+  const int64_t warp_id = int64_t(blockIdx.x) * (kScoreThreads / 32) + (threadIdx.x >> 5);
+  const int64_t n_warps = int64_t(gridDim.x) * (kScoreThreads / 32);
+  auto load = [&](int64_t t, uint4& a, uint4& b, float& scale) {
+    a = b = make_uint4(0, 0, 0, 0);
+    scale = 0.f;
+    if (t < rg.n) {
+      a = __ldg(reinterpret_cast<const uint4*>(codes + t * 32));
+      b = __ldg(reinterpret_cast<const uint4*>(codes + t * 32) + 1);
+      scale = __bfloat162float(__ushort_as_bfloat16(__ldg(scales + t)));
+    }
+  };
+  uint4 na, nb;
+  float nscale;
+  float lm[NQ], ls[NQ];  // this lane's softmax partials
+#pragma unroll
+  for (int qi = 0; qi < NQ; ++qi) lm[qi] = -INFINITY, ls[qi] = 0.f;
+  const int64_t step = n_warps * 32;
+  load(warp_id * 32 + lane, na, nb, nscale);
+  for (int64_t t0 = warp_id * 32; t0 < rg.n; t0 += step) {
+    const uint4 a = na, b = nb;
+    const float scale = nscale;
+    load(t0 + step + lane, na, nb, nscale);
+    const int64_t t = t0 + lane;
+    uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    // w[i] ← w[i ^ wsel] (conditional swaps per bit), then byte k ← byte k ^ x:
+    // byte s of the result is code byte s ^ lane.
+#pragma unroll
+    for (int bit = 1; bit < 8; bit <<= 1) {
+      const bool f = (wsel & uint32_t(bit)) != 0;
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        if (!(i & bit)) {
+          const uint32_t lo = w[i], hi = w[i | bit];
+          w[i] = f ? hi : lo;
+          w[i | bit] = f ? lo : hi;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = __byte_perm(w[i], 0, bsel);
+    float acc[NQ];
+#pragma unroll
+    for (int qi = 0; qi < NQ; ++qi) acc[qi] = 0.f;
+#pragma unroll
+    for (int s = 0; s < 32; ++s) {
+      const uint32_t c = (w[s >> 2] >> (8 * (s & 3))) & 255u;
+      const uint32_t at = (c << 5) | (uint32_t(s) ^ uint32_t(lane));
+      const V v = lut[at];
+#pragma unroll
+      for (int qi = 0; qi < NQ; ++qi) acc[qi] += lut_get<NQ>(v, qi);
+    }
+    if (t < rg.n)
+#pragma unroll
+      for (int qi = 0; qi < NQ; ++qi) {
+        const float v = p.scale * scale * acc[qi];
+        scores[(row * p.n_q + q0 + qi) * p.out_stride + t] = v;
+        if (gp.part) lse_combine(lm[qi], ls[qi], v, 1.f);
+      }
+  }
+  if (!gp.part) return;
+  const int warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int qi = 0; qi < NQ; ++qi) {
+    warp_lse(lm[qi], ls[qi]);
+    if (lane == 0) red[warp][qi] = make_float2(lm[qi], ls[qi]);
+  }
+  __syncthreads();
+  if (threadIdx.x < NQ) {
+    float m = -INFINITY, sum = 0.f;
+    for (int w = 0; w < kScoreThreads / 32; ++w) lse_combine(m, sum, red[w][threadIdx.x].x, red[w][threadIdx.x].y);
+    put_partial(int(threadIdx.x), m, sum);
+  }
+}
+
+__device__ __forceinline__ void unpack16(const uint4& raw, float* v, bool fp8) {
+  if (fp8) {
+    const uint8_t* b = reinterpret_cast<const uint8_t*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      __nv_fp8_e4m3 f;
+      f.__x = b[i];
+      v[i] = float(f);
+    }
+  } else {
+    const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float2 f = __bfloat1622float2(b[i]);
+      v[2 * i] = f.x;
+      v[2 * i + 1] = f.y;
+    }
+  }
+}
+
+// LANES lanes per record, 16 bytes each; EPL elements per lane (8 bf16 / 16 fp8).
+template <bool FP8, int D>
+__global__ void __launch_bounds__(256) dense_rows_kernel(ScoreRowsParams p, const float* __restrict__ q,
+                                                         const uint8_t* const* __restrict__ rows,
+                                                         const StepRanges* __restrict__ ranges,
+                                                         float* __restrict__ scores) {
+  constexpr int EPL = FP8 ? 16 : 8;
+  constexpr int LANES = D / EPL;
+  constexpr int RPW = 32 / LANES;  // records per warp per step
+  constexpr int UNROLL = 4;
+  constexpr int MAXQ = 8;
+  const int64_t row = blockIdx.y;
+  const Range rg = score_range(p, ranges[row / p.n_kv_head]);
+  const int lane = threadIdx.x & 31, sub = lane % LANES, grp = lane / LANES;
+  const int64_t rec = FP8 ? D : 2 * D;
+  const uint8_t* base = rows[row] + rg.c0 * rec;
+  const int64_t warp_global = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t n_warps = (int64_t(gridDim.x) * blockDim.x) >> 5;
+  for (int q0 = 0; q0 < p.n_q; q0 += MAXQ) {
+    const int nq = min(MAXQ, p.n_q - q0);
+    float qv[MAXQ][EPL];
+#pragma unroll
+    for (int qi = 0; qi < MAXQ; ++qi)
+#pragma unroll
+      for (int i = 0; i < EPL; ++i) qv[qi][i] = qi < nq ? q[(row * p.n_q + q0 + qi) * D + sub * EPL + i] : 0.f;
+    for (int64_t t_base = warp_global * RPW * UNROLL; t_base < rg.n; t_base += n_warps * RPW * UNROLL) {
+      uint4 raw[UNROLL];
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        const int64_t t = t_base + u * RPW + grp;
+        raw[u] = t < rg.n ? __ldg(reinterpret_cast<const uint4*>(base + t * rec) + sub) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        float v[EPL];
+        unpack16(raw[u], v, FP8);
+        const int64_t t = t_base + u * RPW + grp;
+#pragma unroll
+        for (int qi = 0; qi < MAXQ; ++qi) {
+          if (qi >= nq) break;
+          float s = 0.f;
+#pragma unroll
+          for (int i = 0; i < EPL; ++i) s += qv[qi][i] * v[i];
+#pragma unroll
+          for (int off = LANES / 2; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+          if (sub == 0 && t < rg.n) scores[(row * p.n_q + q0 + qi) * p.out_stride + t] = p.scale * s;
+        }
+      }
+    }
+  }
+}
+
+// Any record format: a thread per (row, chunk); the row's queries in shared
+// memory, rotated once per block for each format that needs it (HIGGS).
+__global__ void __launch_bounds__(128) records_rows_kernel(ScoreRowsParams p, DevFormat f, DevFormat meta,
+                                                           const float* __restrict__ q,
+                                                           const uint8_t* const* __restrict__ plane0,
+                                                           const uint8_t* const* __restrict__ plane1,
+                                                           const StepRanges* __restrict__ ranges,
+                                                           float* __restrict__ scores) {
+  extern __shared__ float qs[];  // [2][n_q, head_dim]: for f, for meta
+  float* qm = qs + p.n_q * p.head_dim;
+  const int64_t row = blockIdx.y;
+  const Range rg = score_range(p, ranges[row / p.n_kv_head]);
+  const bool residual = p.layout == IndexRecLayout::residual;
+  if (rg.n <= 0 || int64_t(blockIdx.x) * blockDim.x >= rg.n) return;  // uniform per block
+  for (int j = threadIdx.x; j < p.n_q; j += blockDim.x) {
+    const float* qj = q + (row * p.n_q + j) * p.head_dim;
+    dev_rotate_query(f, qj, qs + j * p.head_dim);
+    if (residual) dev_rotate_query(meta, qj, qm + j * p.head_dim);
+  }
+  __syncthreads();
+  if (p.seq_scales) f.tensor_scale = p.seq_scales[row / p.n_kv_head];
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rg.n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t c = rg.c0 + i;
+    const uint8_t* rec = plane0[row] + c * f.bytes;
+    for (int j = 0; j < p.n_q; ++j) {
+      float s = dev_score_rotated(f, qs + j * p.head_dim, rec);
+      if (residual) s += dev_score_rotated(meta, qm + j * p.head_dim, plane1[row] + (c / p.m) * meta.bytes);
+      scores[(row * p.n_q + j) * p.out_stride + i] = p.scale * s;
+    }
+  }
+}
+
+// ---- GQA aggregation (softmax per query over all chunks, max over the group)
+
+constexpr int kGqaSlices = 32;  // gqa_partial_kernel's blocks per (row, query)
+constexpr int kGqaThreads = 256;
+
+__global__ void gqa_partial_kernel(GqaRowsParams p, const float* __restrict__ raw, const StepRanges* __restrict__ ranges,
+                                   GqaPartials gp) {
+  const int64_t rq = blockIdx.y;  // row · n_q + j
+  const int64_t n_tok = ranges[(rq / p.n_q) / p.n_kv_head].n_chunk;
+  const float* x = raw + rq * p.in_stride;
+  const int64_t per = (n_tok + kGqaSlices - 1) / kGqaSlices;
+  const int64_t t0 = int64_t(blockIdx.x) * per, t1 = min(n_tok, t0 + per);
+  float m = -INFINITY, sum = 0.f;
+  constexpr int U = 4;  // loads in flight per thread
+  for (int64_t t = t0 + threadIdx.x; t < t1; t += U * blockDim.x) {
+    float v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) v[u] = t + u * blockDim.x < t1 ? x[t + u * blockDim.x] : -INFINITY;
+#pragma unroll
+    for (int u = 0; u < U; ++u) lse_combine(m, sum, v[u], 1.f);
+  }
+  warp_lse(m, sum);
+  __shared__ float2 warp[kGqaThreads / 32];
+  if ((threadIdx.x & 31) == 0) warp[threadIdx.x / 32] = make_float2(m, sum);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kGqaThreads / 32; ++w) lse_combine(m, sum, warp[w].x, warp[w].y);
+    gp.part[rq * kMaxSlices + blockIdx.x] = make_float2(m, sum);
+    if (blockIdx.x == 0) gp.count[rq] = kGqaSlices;
+  }
+}
+
+__global__ void gqa_max_kernel(GqaRowsParams p, const float* __restrict__ raw, const StepRanges* __restrict__ ranges,
+                               GqaPartials gp, float* __restrict__ out) {
+  const int64_t row = blockIdx.y;
+  const StepRanges r = ranges[row / p.n_kv_head];
+  __shared__ float lse[64];
+  // Each query's log-sum-exp from its partials, a warp per query.
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int j = warp; j < p.n_q; j += kGqaThreads / 32) {
+    const int64_t rq = row * p.n_q + j;
+    const int n = gp.count[rq];
+    float m = -INFINITY, sum = 0.f;
+    for (int i = lane; i < n; i += 32) {
+      const float2 v = gp.part[rq * kMaxSlices + i];
+      lse_combine(m, sum, v.x, v.y);
+    }
+    warp_lse(m, sum);
+    if (lane == 0) lse[j] = m + __logf(sum);
+  }
+  __syncthreads();
+  const int64_t n_sel = r.c_hi - r.c_lo;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n_sel; i += int64_t(gridDim.x) * blockDim.x) {
+    float best = -INFINITY;
+    for (int j = 0; j < p.n_q; ++j) best = fmaxf(best, raw[(row * p.n_q + j) * p.in_stride + r.c_lo + i] - lse[j]);
+    out[row * p.out_stride + i] = best;
+  }
+}
+
+cudaStream_t st(const Exec& x) { return static_cast<cudaStream_t>(x.stream); }
+
+}  // namespace
+
+void score_rows(const Exec& x, const ScoreRowsParams& p, const float* q, const uint8_t* const* plane0,
+                const uint8_t* const* plane1, const StepRanges* ranges, float* scores) {
+  const int64_t n_rows = int64_t(p.n_seq) * p.n_kv_head;
+  if (n_rows == 0) return;
+  KVT_CHECK(n_rows < 65536, "score_rows: {} rows exceed the grid", n_rows);
+  const int n_sm = device_info().n_sm;
+  const int64_t max_bx = std::max<int64_t>(1, 8 * int64_t(n_sm) / n_rows + 1);
+  if (p.layout == IndexRecLayout::planar_higgs2) {
+    KVT_CHECK(p.head_dim == 128 && p.fmt.grid, "score_rows: the planar index is 2-bit HIGGS at head_dim 128");
+    // Query subsets of 4, 2, 1 (the table takes 32 KB of shared memory per query).
+    for (int q0 = 0; q0 < p.n_q;) {
+      const int nq = p.n_q - q0 >= 4 ? 4 : p.n_q - q0 >= 2 ? 2 : 1;
+      const size_t smem = size_t(nq) * 256 * 32 * 4;
+      // One wave: each block builds its table once (32K entries per query),
+      // then scores a long stretch of tokens. Four blocks per SM for every
+      // eighth of a row (4,256 blocks at 128K and 8 rows) spent more time
+      // building tables than scoring.
+      const int64_t per_sm =
+          std::max<int64_t>(1, std::min<int64_t>(int64_t(227 * 1024) / int64_t(smem), 2048 / kScoreThreads));
+      // Rounded down: one block more than the SMs hold would run alone in a
+      // second wave and double the kernel's time (at 8 rows and one 128 KB
+      // table per SM, 17 blocks a row made 136 blocks for 132 SMs).
+      unsigned bx = unsigned(std::max<int64_t>(1, int64_t(n_sm) * per_sm / n_rows));
+      if (p.gqa_scratch) {
+        KVT_CHECK(p.n_q > 1 && reinterpret_cast<uintptr_t>(p.gqa_scratch) % 8 == 0,
+                  "score_rows: softmax partials are for n_q > 1, in 8-byte aligned scratch");
+        bx = std::min<unsigned>(bx, kMaxSlices);
+      }
+      const dim3 grid(bx, unsigned(n_rows));
+      if (nq == 4) {
+        static const bool once = [smem] {
+          KVT_CUDA_CHECK(cudaFuncSetAttribute(higgs2_rows_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+          return true;
+        }();
+        (void)once;
+        higgs2_rows_kernel<4><<<grid, kScoreThreads, smem, st(x)>>>(p, q0, q, plane0, plane1, ranges, p.fmt.grid, scores);
+      } else if (nq == 2) {
+        static const bool once = [smem] {
+          KVT_CUDA_CHECK(cudaFuncSetAttribute(higgs2_rows_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+          return true;
+        }();
+        (void)once;
+        higgs2_rows_kernel<2><<<grid, kScoreThreads, smem, st(x)>>>(p, q0, q, plane0, plane1, ranges, p.fmt.grid, scores);
+      } else {
+        static const bool once = [smem] {
+          KVT_CUDA_CHECK(cudaFuncSetAttribute(higgs2_rows_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+          return true;
+        }();
+        (void)once;
+        higgs2_rows_kernel<1><<<grid, kScoreThreads, smem, st(x)>>>(p, q0, q, plane0, plane1, ranges, p.fmt.grid, scores);
+      }
+      KVT_CUDA_LAUNCH_CHECK("higgs2_rows_kernel");
+      q0 += nq;
+    }
+    return;
+  }
+  const QuantKind kind = p.fmt.spec.kind;
+  const bool dense = p.layout == IndexRecLayout::records && (kind == QuantKind::bf16 || kind == QuantKind::fp8);
+  if (dense) {
+    const dim3 grid{unsigned(max_bx), unsigned(n_rows)};
+    const bool fp8 = kind == QuantKind::fp8;
+    switch (p.head_dim * 2 + (fp8 ? 1 : 0)) {
+      case 128: dense_rows_kernel<false, 64><<<grid, 256, 0, st(x)>>>(p, q, plane0, ranges, scores); break;
+      case 129: dense_rows_kernel<true, 64><<<grid, 256, 0, st(x)>>>(p, q, plane0, ranges, scores); break;
+      case 256: dense_rows_kernel<false, 128><<<grid, 256, 0, st(x)>>>(p, q, plane0, ranges, scores); break;
+      case 257: dense_rows_kernel<true, 128><<<grid, 256, 0, st(x)>>>(p, q, plane0, ranges, scores); break;
+      case 512: dense_rows_kernel<false, 256><<<grid, 256, 0, st(x)>>>(p, q, plane0, ranges, scores); break;
+      case 513: dense_rows_kernel<true, 256><<<grid, 256, 0, st(x)>>>(p, q, plane0, ranges, scores); break;
+      default: fail("score_rows: head_dim {} unsupported", p.head_dim);
+    }
+    KVT_CUDA_LAUNCH_CHECK("dense_rows_kernel");
+    return;
+  }
+  const DevFormat f = make_dev_format(p.fmt);
+  const DevFormat meta = p.layout == IndexRecLayout::residual ? make_dev_format(p.meta) : DevFormat{};
+  const size_t smem = 2 * size_t(p.n_q) * p.head_dim * 4;
+  records_rows_kernel<<<dim3(unsigned(max_bx * 2), unsigned(n_rows)), 128, smem, st(x)>>>(p, f, meta, q, plane0,
+                                                                                          plane1, ranges, scores);
+  KVT_CUDA_LAUNCH_CHECK("records_rows_kernel");
+}
+
+void gqa_rows(const Exec& x, const GqaRowsParams& p, const float* raw, const StepRanges* ranges, float* out) {
+  const int64_t n_rows = int64_t(p.n_seq) * p.n_kv_head;
+  KVT_CHECK(p.n_q >= 1 && p.n_q <= 64 && n_rows * p.n_q < 65536, "gqa_rows: {} rows of {} queries", n_rows, p.n_q);
+  if (n_rows == 0) return;
+  KVT_CHECK(p.scratch && reinterpret_cast<uintptr_t>(p.scratch) % 8 == 0, "gqa_rows: needs 8-byte aligned scratch");
+  const GqaPartials gp = gqa_partials(p.scratch, n_rows * p.n_q);
+  if (!p.partials_ready) {
+    gqa_partial_kernel<<<dim3(kGqaSlices, unsigned(n_rows * p.n_q)), kGqaThreads, 0, st(x)>>>(p, raw, ranges, gp);
+    KVT_CUDA_LAUNCH_CHECK("gqa_partial_kernel");
+  }
+  const int64_t bx = std::max<int64_t>(1, 1024 / n_rows);
+  gqa_max_kernel<<<dim3(unsigned(bx), unsigned(n_rows)), kGqaThreads, 0, st(x)>>>(p, raw, ranges, gp, out);
+  KVT_CUDA_LAUNCH_CHECK("gqa_max_kernel");
+}
+
+}  // namespace kvtier::cuda
