@@ -1,325 +1,28 @@
-// GpuModel on CUDA: weight upload (dequantize → bf16) and the per-sequence
-// forward pass, straight-line op calls mirroring Model::forward
-// (src/model/llama_forward.cpp). Differences from the CPU path, all from the
-// storage type: activations and the residual stream are bf16 between ops
-// (f32 math inside each op); logits are f32. MoE layers (Qwen3-MoE, Mixtral)
-// run ops/moe/moe_cuda.h instead of the SwiGLU block.
+// GpuModel on CUDA: the per-sequence forward pass, straight-line op calls
+// mirroring Model::forward (src/model/llama_forward.cpp); the weights are
+// uploaded (dequantized to bf16) by model_weights_cuda.cpp. Differences from
+// the CPU path, all from the storage type: activations and the residual
+// stream are bf16 between ops (f32 math inside each op); logits are f32. MoE
+// layers (Qwen3-MoE, Mixtral) run ops/moe/moe_cuda.h instead of the SwiGLU
+// block.
 #include "model/model_cuda.h"
-
-#include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
-#include "backend/cuda_backend.h"
-#include "backend/cuda_device.h"
+#include "model/model_cuda_detail.h"
 #include "ops/embed/embed_cuda.h"
-#include "core/half.h"
-#include "core/threads.h"
-#include "kv/decode_groups.h"
-#include "model/model.h"
-#include "ops/dequant/dequant.h"
-#include "ops/gemm/gemm_cuda.h"
-#include "ops/moe/moe_cuda.h"
 #include "ops/rmsnorm/rmsnorm_cuda.h"
-#include "ops/rope/rope.h"
 #include "ops/rope/rope_cuda.h"
 #include "ops/swiglu/swiglu_cuda.h"
 
 namespace kvtier {
-namespace {
-
-using cuda::DeviceBuffer;
-using cuda::PinnedBuffer;
+namespace model_cuda_detail {
 
 // Rows of logits a sequence's buffers start with (a GPU decode batch's).
 constexpr int kInitialLogitRows = 256;
-
-// A source tensor of n_elements = n_rows * n_cols, dequantized row by row
-// (rows of n_cols) and rounded to bf16: [n_rows, n_cols] bf16 bits.
-std::vector<uint16_t> to_bf16(const TensorRef& t, int64_t n_rows, int64_t n_cols) {
-  KVT_CHECK(t.n_elements() == n_rows * n_cols, "{}: {} values, expected {} x {}", t.source, t.n_elements(),
-            n_rows, n_cols);
-  KVT_CHECK(dequant_supported(t.type), "{}: type {} cannot be dequantized for the GPU", t.source,
-            ggml_type_name(t.type));
-  const size_t row_bytes = ggml_row_bytes(t.type, n_cols);
-  KVT_CHECK(row_bytes * size_t(n_rows) <= t.n_bytes, "{}: {} bytes, expected {}", t.source, t.n_bytes,
-            row_bytes * size_t(n_rows));
-  std::vector<uint16_t> out(size_t(n_rows * n_cols));
-  default_pool().parallel_for(n_rows, 8, [&](int64_t r0, int64_t r1, int) {
-    std::vector<float> row(static_cast<size_t>(n_cols));  // [n_cols] f32
-    for (int64_t r = r0; r < r1; ++r) {
-      dequantize_row(t.type, t.data + size_t(r) * row_bytes, row.data(), n_cols);
-      uint16_t* dst = &out[size_t(r * n_cols)];
-      for (int64_t i = 0; i < n_cols; ++i) dst[i] = f32_to_bf16(row[size_t(i)]);
-    }
-  });
-  return out;
-}
-
-// A weight view (any dequantizable type) appended to `out` as bf16 bits:
-// [n_out, n_in] bf16 after what `out` held.
-void append_bf16(const WeightView& w, std::vector<uint16_t>& out) {
-  KVT_CHECK(dequant_supported(w.type), "type {} cannot be dequantized for the GPU", ggml_type_name(w.type));
-  const size_t base = out.size();
-  out.resize(base + size_t(w.n_out * w.n_in));
-  default_pool().parallel_for(w.n_out, 8, [&](int64_t r0, int64_t r1, int) {
-    std::vector<float> row(static_cast<size_t>(w.n_in));  // [n_in] f32
-    for (int64_t r = r0; r < r1; ++r) {
-      dequantize_row(w.type, w.row(r), row.data(), w.n_in);
-      uint16_t* dst = &out[base + size_t(r * w.n_in)];
-      for (int64_t i = 0; i < w.n_in; ++i) dst[i] = f32_to_bf16(row[size_t(i)]);
-    }
-  });
-}
-
-std::vector<float> to_f32(const TensorRef& t, int64_t n) {
-  KVT_CHECK(t.n_elements() == n, "{}: {} values, expected {}", t.source, t.n_elements(), n);
-  std::vector<float> v(static_cast<size_t>(n));
-  dequantize_row(t.type, t.data, v.data(), n);
-  return v;
-}
-
-template <class T>
-DeviceBuffer upload(const std::vector<T>& h, size_t* total) {
-  DeviceBuffer d(h.size() * sizeof(T));
-  KVT_CUDA_CHECK(cudaMemcpy(d.data(), h.data(), d.bytes(), cudaMemcpyHostToDevice));
-  *total += d.bytes();
-  return d;
-}
-
-struct GpuLayer {
-  DeviceBuffer attn_norm, ffn_norm;  // [n_embd] bf16
-  DeviceBuffer wq, wk, wv, wo;       // [q_dim, n_embd], [kv_dim, n_embd] x2, [n_embd, q_dim] bf16
-  DeviceBuffer bq, bk, bv;           // [q_dim], [kv_dim], [kv_dim] f32 or empty (Qwen2)
-  DeviceBuffer q_norm, k_norm;       // [head_dim] bf16 or empty (Qwen3)
-  DeviceBuffer w_gate_up;            // [2 * n_ff, n_embd] bf16: gate rows, then up rows
-  DeviceBuffer w_down;               // [n_embd, n_ff] bf16
-  // MoE layers instead of w_gate_up / w_down (ops/moe/moe_cuda.h):
-  DeviceBuffer moe_router;   // [n_expert, n_embd] bf16
-  DeviceBuffer moe_gate_up;  // [n_expert, 2 * n_ff_expert, n_embd] bf16: expert e's gate rows, then its up rows
-  DeviceBuffer moe_down;     // [n_expert, n_embd, n_ff_expert] bf16
-  cuda::MoeDeviceWeights moe() const { return {moe_router.data(), moe_gate_up.data(), moe_down.data()}; }
-};
-
-// A MoE layer's router and experts, dequantized and uploaded one expert at a
-// time, so that host memory holds one expert in bf16, never the layer's.
-void upload_experts(const ModelSource& src, int l, GpuLayer* L, size_t* total) {
-  const ModelConfig& c = src.config;
-  const MoeWeights w = view_experts(src, l);
-  std::vector<uint16_t> buf;  // [n_expert, n_embd], then one expert's matrices, bf16
-  append_bf16(w.router, buf);
-  L->moe_router = upload(buf, total);
-  const size_t gu_bytes = size_t(2) * size_t(c.n_ff_expert) * size_t(c.n_embd) * 2;  // one expert's gate|up
-  const size_t down_bytes = gu_bytes / 2;                                             // one expert's down
-  L->moe_gate_up = DeviceBuffer(gu_bytes * size_t(c.n_expert));
-  L->moe_down = DeviceBuffer(down_bytes * size_t(c.n_expert));
-  for (int e = 0; e < c.n_expert; ++e) {
-    buf.clear();
-    append_bf16(w.gate[size_t(e)], buf);
-    append_bf16(w.up[size_t(e)], buf);
-    KVT_CUDA_CHECK(cudaMemcpy(L->moe_gate_up.data<uint8_t>() + size_t(e) * gu_bytes, buf.data(), gu_bytes,
-                              cudaMemcpyHostToDevice));
-    buf.clear();
-    append_bf16(w.down[size_t(e)], buf);
-    KVT_CUDA_CHECK(cudaMemcpy(L->moe_down.data<uint8_t>() + size_t(e) * down_bytes, buf.data(), down_bytes,
-                              cudaMemcpyHostToDevice));
-  }
-  *total += L->moe_gate_up.bytes() + L->moe_down.bytes();
-}
-
-class CudaSequence;
-
-class CudaModel final : public GpuModel {
- public:
-  CudaModel(const Model& model, bool graphs);
-  ~CudaModel() override;
-  std::unique_ptr<GpuSequence> start(int capacity) override;
-  void forward_decode(const int32_t* tokens, const int64_t* pos, KvCache* const* kvs, int n_seq,
-                      float* logits) override;
-  const Device& device() const override { return dev_; }
-  Device& device() override { return dev_; }
-  size_t weight_bytes() const override { return weight_bytes_; }
-  std::string describe() const override {
-    return fmt::format("cuda ({}), weights {:.1f} MiB bf16", cuda_device_summary(),
-                       double(weight_bytes_) / (1 << 20));
-  }
-
- private:
-  friend class CudaSequence;
-  Device dev_{DeviceKind::cuda};
-  const Model& model_;
-  const ModelConfig& c_;
-  std::vector<GpuLayer> layers_;
-  DeviceBuffer tok_embd_;   // [n_vocab, n_embd] bf16
-  DeviceBuffer output_;     // [n_vocab, n_embd] bf16, empty when tied to tok_embd_
-  DeviceBuffer out_norm_;   // [n_embd] bf16
-  DeviceBuffer inv_freq_;   // [head_dim / 2] f32
-  size_t weight_bytes_ = 0;
-  cuda::Gemm gemm_;
-  const bool graphs_;
-  std::unique_ptr<CudaSequence> batch_;  // forward_decode's activations, grown to the largest batch
-  int batch_cap_ = 0;
-  void random_weights();
-};
-
-CudaModel::CudaModel(const Model& model, bool graphs) : model_(model), c_(model.config()), graphs_(graphs) {
-  const ModelConfig& c = c_;
-  const ModelSource& src = model.source();
-  KVT_CHECK(c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256,
-            "{}: head_dim {} is not supported on the GPU (64, 128 or 256); use --device cpu", src.path, c.head_dim);
-  KVT_CHECK(c.n_embd % 8 == 0 && c.n_ff % 8 == 0 && c.n_embd <= 8192,
-            "{}: n_embd {} and n_ff {} must be multiples of 8 (n_embd <= 8192) on the GPU", src.path, c.n_embd,
-            c.n_ff);
-  KVT_CHECK(!c.is_moe() || c.n_ff_expert % 8 == 0, "{}: the expert width {} must be a multiple of 8 on the GPU",
-            src.path, c.n_ff_expert);
-  const int64_t E = c.n_embd, q_dim = int64_t(c.n_head) * c.head_dim, kv_dim = int64_t(c.n_kv_head) * c.head_dim;
-  size_t* total = &weight_bytes_;
-  if (src.shape_only) {
-    random_weights();
-    return;
-  }
-  auto mat = [&](const std::string& name, int64_t n_out, int64_t n_in) {
-    return upload(to_bf16(src.tensor(name), n_out, n_in), total);
-  };
-  auto vec_bf16 = [&](const std::string& name, int64_t n) { return upload(to_bf16(src.tensor(name), 1, n), total); };
-  auto maybe_bias = [&](const std::string& name, int64_t n) {
-    return src.find(name) ? upload(to_f32(src.tensor(name), n), total) : DeviceBuffer();
-  };
-  layers_.resize(size_t(c.n_layer));
-  for (int l = 0; l < c.n_layer; ++l) {
-    auto name = [l](const char* what) { return fmt::format("blk.{}.{}", l, what); };
-    GpuLayer& L = layers_[size_t(l)];
-    L.attn_norm = vec_bf16(name("attn_norm.weight"), E);
-    L.ffn_norm = vec_bf16(name("ffn_norm.weight"), E);
-    L.wq = mat(name("attn_q.weight"), q_dim, E);
-    L.wk = mat(name("attn_k.weight"), kv_dim, E);
-    L.wv = mat(name("attn_v.weight"), kv_dim, E);
-    L.wo = mat(name("attn_output.weight"), E, q_dim);
-    L.bq = maybe_bias(name("attn_q.bias"), q_dim);
-    L.bk = maybe_bias(name("attn_k.bias"), kv_dim);
-    L.bv = maybe_bias(name("attn_v.bias"), kv_dim);
-    if (src.find(name("attn_q_norm.weight"))) L.q_norm = vec_bf16(name("attn_q_norm.weight"), c.head_dim);
-    if (src.find(name("attn_k_norm.weight"))) L.k_norm = vec_bf16(name("attn_k_norm.weight"), c.head_dim);
-    if (c.is_moe_layer(l)) {
-      upload_experts(src, l, &L, total);
-      continue;
-    }
-    std::vector<uint16_t> gate_up = to_bf16(src.tensor(name("ffn_gate.weight")), c.n_ff, E);
-    const std::vector<uint16_t> up = to_bf16(src.tensor(name("ffn_up.weight")), c.n_ff, E);
-    gate_up.insert(gate_up.end(), up.begin(), up.end());
-    L.w_gate_up = upload(gate_up, total);
-    L.w_down = mat(name("ffn_down.weight"), E, c.n_ff);
-  }
-  tok_embd_ = mat("token_embd.weight", c.n_vocab, E);
-  if (src.find("output.weight")) output_ = mat("output.weight", c.n_vocab, E);
-  out_norm_ = vec_bf16("output_norm.weight", E);
-  // The same frequency table as the CPU model (Rope handles every scaling).
-  std::vector<float> freq_divisors;
-  if (src.find("rope_freqs.weight")) freq_divisors = to_f32(src.tensor("rope_freqs.weight"), c.head_dim / 2);
-  const Rope rope(c, std::move(freq_divisors));
-  inv_freq_ = upload(rope.inv_freq(), total);
-  weight_bytes_ -= inv_freq_.bytes();
-}
-
-// A model shape (no weights): every matrix (routers and experts included)
-// uniform in ±1/√n_in and every norm 1, made on the GPU from a counter-based hash (no files, no host copy),
-// for speed and memory runs at real shapes.
-void CudaModel::random_weights() {
-  const ModelConfig& c = c_;
-  const int64_t E = c.n_embd, q_dim = int64_t(c.n_head) * c.head_dim, kv_dim = int64_t(c.n_kv_head) * c.head_dim;
-  const cudaStream_t s = static_cast<cudaStream_t>(dev_.exec().stream);
-  uint64_t seed = 1;
-  auto mat = [&](int64_t n_out, int64_t n_in) {
-    DeviceBuffer d(size_t(n_out * n_in) * 2);
-    const float a = 1.f / std::sqrt(float(n_in));
-    cuda::fill_uniform_bf16(d.data(), n_out * n_in, seed++, -a, a, s);
-    weight_bytes_ += d.bytes();
-    return d;
-  };
-  auto ones = [&](int64_t n) {
-    DeviceBuffer d(size_t(n) * 2);
-    cuda::fill_uniform_bf16(d.data(), n, seed++, 1.f, 1.f, s);
-    weight_bytes_ += d.bytes();
-    return d;
-  };
-  layers_.resize(size_t(c.n_layer));
-  for (int l = 0; l < c.n_layer; ++l) {
-    GpuLayer& L = layers_[size_t(l)];
-    L.attn_norm = ones(E);
-    L.ffn_norm = ones(E);
-    L.wq = mat(q_dim, E);
-    L.wk = mat(kv_dim, E);
-    L.wv = mat(kv_dim, E);
-    L.wo = mat(E, q_dim);
-    if (c.qk_norm) {
-      L.q_norm = ones(c.head_dim);
-      L.k_norm = ones(c.head_dim);
-    }
-    if (c.is_moe_layer(l)) {
-      const int64_t n_exp = c.n_expert, F = c.n_ff_expert;
-      L.moe_router = mat(n_exp, E);
-      L.moe_gate_up = mat(n_exp * 2 * F, E);  // [n_expert, 2 F, n_embd]
-      L.moe_down = mat(n_exp * E, F);         // [n_expert, n_embd, F]
-      continue;
-    }
-    L.w_gate_up = mat(2 * int64_t(c.n_ff), E);
-    L.w_down = mat(E, c.n_ff);
-  }
-  tok_embd_ = mat(c.n_vocab, E);
-  if (!c.tied_embeddings) output_ = mat(c.n_vocab, E);
-  out_norm_ = ones(E);
-  const Rope rope(c);
-  size_t unused = 0;
-  inv_freq_ = upload(rope.inv_freq(), &unused);
-  KVT_CUDA_CHECK(cudaStreamSynchronize(s));
-}
-
-class CudaSequence final : public GpuSequence {
- public:
-  CudaSequence(CudaModel& m, int capacity);
-  ~CudaSequence() override;
-  void forward(const int32_t* tokens, int n_tok, int64_t pos0, KvCache& kv, int n_logits, float* logits) override;
-  // CudaModel::forward_decode: token i of the forward is sequence i's step.
-  void forward_decode(const int32_t* tokens, const int64_t* pos, KvCache* const* kvs, int n_seq, float* logits);
-
- private:
-  // What the forward pass needs of a cache whose next token sits at `pos`.
-  void check_cache(const KvCache& kv, int64_t pos) const;
-  // The forward pass's device work, staged inputs to staged logits. n_kv 1:
-  // every token goes to kvs[0]; n_kv = n_tok: token i goes to kvs[i].
-  void run(int n_tok, KvCache* const* kvs, int n_kv, int n_logits);
-  void capture_and_launch(int n_tok, KvCache* const* kvs, int n_kv, int n_logits);
-
-  CudaModel& m_;
-  const ModelConfig& c_;
-  const int cap_;
-  const int64_t q_dim_, kv_dim_;
-  cudaStream_t s_;
-  DeviceBuffer ids_;    // [cap] int32
-  DeviceBuffer pos_;    // [cap] int64
-  DeviceBuffer x_;      // [cap, n_embd] bf16, residual stream
-  DeviceBuffer xb_;     // [cap, n_embd] bf16, normed input of a block
-  DeviceBuffer delta_;  // [cap, n_embd] bf16, a block's output before the residual add
-  DeviceBuffer q_;      // [cap, n_head, head_dim] bf16
-  DeviceBuffer k_pre_;  // [cap, n_kv_head, head_dim] bf16, keys before RoPE
-  DeviceBuffer k_;      // [cap, n_kv_head, head_dim] bf16
-  DeviceBuffer v_;      // [cap, n_kv_head, head_dim] bf16
-  DeviceBuffer att_;    // [cap, n_head, head_dim] bf16
-  DeviceBuffer gu_;     // [cap, 2 * n_ff] bf16 (empty when every layer is MoE)
-  DeviceBuffer h_;      // [cap, n_ff] bf16 (empty when every layer is MoE)
-  DeviceBuffer logits_; // [logit_rows_, n_vocab] f32 (rows as many as a call asks for, grown on demand)
-  std::unique_ptr<cuda::MoeRunner> moe_;  // MoE models: the expert block's working memory
-  PinnedBuffer h_ids_, h_pos_;  // staging of the step's inputs
-  PinnedBuffer h_logits_;       // [logit_rows_, n_vocab] f32: the logits' host copy (a graph's copy target)
-  int logit_rows_ = 0;
-  void ensure_logit_rows(int rows);
-  cudaGraphExec_t graph_ = nullptr;
-  uint64_t graph_key_ = 0, warm_key_ = 0;
-  DecodeGroups groups_;  // forward_decode's arrangement of the batch (rows of one tiered policy together)
-};
 
 CudaSequence::~CudaSequence() {
   if (graph_) cudaGraphExecDestroy(graph_);
@@ -581,11 +284,11 @@ void CudaModel::forward_decode(const int32_t* tokens, const int64_t* pos, KvCach
   batch_->forward_decode(tokens, pos, kvs, n_seq, logits);
 }
 
-}  // namespace
+}  // namespace model_cuda_detail
 
 std::unique_ptr<GpuModel> make_gpu_model(const Model& model, bool graphs) {
   KVT_CHECK(cuda_device_count() > 0, "--device cuda: no CUDA device found ({})", cuda_device_summary());
-  return std::make_unique<CudaModel>(model, graphs);
+  return std::make_unique<model_cuda_detail::CudaModel>(model, graphs);
 }
 
 }  // namespace kvtier

@@ -1,0 +1,119 @@
+// What the GPU model's files share (CUDA builds only): the model with its
+// uploaded layers and a sequence's activations. model_weights_cuda.cpp
+// uploads the weights (CudaModel's constructor), model_cuda.cpp runs the
+// forward pass (CudaSequence).
+#pragma once
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cuda_backend.h"
+#include "backend/cuda_device.h"
+#include "kv/decode_groups.h"
+#include "model/model.h"
+#include "model/model_cuda.h"
+#include "ops/gemm/gemm_cuda.h"
+#include "ops/moe/moe_cuda.h"
+
+namespace kvtier::model_cuda_detail {
+
+using cuda::DeviceBuffer;
+using cuda::PinnedBuffer;
+
+struct GpuLayer {
+  DeviceBuffer attn_norm, ffn_norm;  // [n_embd] bf16
+  DeviceBuffer wq, wk, wv, wo;       // [q_dim, n_embd], [kv_dim, n_embd] x2, [n_embd, q_dim] bf16
+  DeviceBuffer bq, bk, bv;           // [q_dim], [kv_dim], [kv_dim] f32 or empty (Qwen2)
+  DeviceBuffer q_norm, k_norm;       // [head_dim] bf16 or empty (Qwen3)
+  DeviceBuffer w_gate_up;            // [2 * n_ff, n_embd] bf16: gate rows, then up rows
+  DeviceBuffer w_down;               // [n_embd, n_ff] bf16
+  // MoE layers instead of w_gate_up / w_down (ops/moe/moe_cuda.h):
+  DeviceBuffer moe_router;   // [n_expert, n_embd] bf16
+  DeviceBuffer moe_gate_up;  // [n_expert, 2 * n_ff_expert, n_embd] bf16: expert e's gate rows, then its up rows
+  DeviceBuffer moe_down;     // [n_expert, n_embd, n_ff_expert] bf16
+  cuda::MoeDeviceWeights moe() const { return {moe_router.data(), moe_gate_up.data(), moe_down.data()}; }
+};
+
+class CudaSequence;
+
+class CudaModel final : public GpuModel {
+ public:
+  CudaModel(const Model& model, bool graphs);
+  ~CudaModel() override;
+  std::unique_ptr<GpuSequence> start(int capacity) override;
+  void forward_decode(const int32_t* tokens, const int64_t* pos, KvCache* const* kvs, int n_seq,
+                      float* logits) override;
+  const Device& device() const override { return dev_; }
+  Device& device() override { return dev_; }
+  size_t weight_bytes() const override { return weight_bytes_; }
+  std::string describe() const override {
+    return fmt::format("cuda ({}), weights {:.1f} MiB bf16", cuda_device_summary(),
+                       double(weight_bytes_) / (1 << 20));
+  }
+
+ private:
+  friend class CudaSequence;
+  Device dev_{DeviceKind::cuda};
+  const Model& model_;
+  const ModelConfig& c_;
+  std::vector<GpuLayer> layers_;
+  DeviceBuffer tok_embd_;   // [n_vocab, n_embd] bf16
+  DeviceBuffer output_;     // [n_vocab, n_embd] bf16, empty when tied to tok_embd_
+  DeviceBuffer out_norm_;   // [n_embd] bf16
+  DeviceBuffer inv_freq_;   // [head_dim / 2] f32
+  size_t weight_bytes_ = 0;
+  cuda::Gemm gemm_;
+  const bool graphs_;
+  std::unique_ptr<CudaSequence> batch_;  // forward_decode's activations, grown to the largest batch
+  int batch_cap_ = 0;
+  void random_weights();
+};
+
+class CudaSequence final : public GpuSequence {
+ public:
+  CudaSequence(CudaModel& m, int capacity);
+  ~CudaSequence() override;
+  void forward(const int32_t* tokens, int n_tok, int64_t pos0, KvCache& kv, int n_logits, float* logits) override;
+  // CudaModel::forward_decode: token i of the forward is sequence i's step.
+  void forward_decode(const int32_t* tokens, const int64_t* pos, KvCache* const* kvs, int n_seq, float* logits);
+
+ private:
+  // What the forward pass needs of a cache whose next token sits at `pos`.
+  void check_cache(const KvCache& kv, int64_t pos) const;
+  // The forward pass's device work, staged inputs to staged logits. n_kv 1:
+  // every token goes to kvs[0]; n_kv = n_tok: token i goes to kvs[i].
+  void run(int n_tok, KvCache* const* kvs, int n_kv, int n_logits);
+  void capture_and_launch(int n_tok, KvCache* const* kvs, int n_kv, int n_logits);
+
+  CudaModel& m_;
+  const ModelConfig& c_;
+  const int cap_;
+  const int64_t q_dim_, kv_dim_;
+  cudaStream_t s_;
+  DeviceBuffer ids_;    // [cap] int32
+  DeviceBuffer pos_;    // [cap] int64
+  DeviceBuffer x_;      // [cap, n_embd] bf16, residual stream
+  DeviceBuffer xb_;     // [cap, n_embd] bf16, normed input of a block
+  DeviceBuffer delta_;  // [cap, n_embd] bf16, a block's output before the residual add
+  DeviceBuffer q_;      // [cap, n_head, head_dim] bf16
+  DeviceBuffer k_pre_;  // [cap, n_kv_head, head_dim] bf16, keys before RoPE
+  DeviceBuffer k_;      // [cap, n_kv_head, head_dim] bf16
+  DeviceBuffer v_;      // [cap, n_kv_head, head_dim] bf16
+  DeviceBuffer att_;    // [cap, n_head, head_dim] bf16
+  DeviceBuffer gu_;     // [cap, 2 * n_ff] bf16 (empty when every layer is MoE)
+  DeviceBuffer h_;      // [cap, n_ff] bf16 (empty when every layer is MoE)
+  DeviceBuffer logits_; // [logit_rows_, n_vocab] f32 (rows as many as a call asks for, grown on demand)
+  std::unique_ptr<cuda::MoeRunner> moe_;  // MoE models: the expert block's working memory
+  PinnedBuffer h_ids_, h_pos_;  // staging of the step's inputs
+  PinnedBuffer h_logits_;       // [logit_rows_, n_vocab] f32: the logits' host copy (a graph's copy target)
+  int logit_rows_ = 0;
+  void ensure_logit_rows(int rows);
+  cudaGraphExec_t graph_ = nullptr;
+  uint64_t graph_key_ = 0, warm_key_ = 0;
+  DecodeGroups groups_;  // forward_decode's arrangement of the batch (rows of one tiered policy together)
+};
+
+}  // namespace kvtier::model_cuda_detail
