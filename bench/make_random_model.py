@@ -2,13 +2,18 @@
 """Writes a model with random weights and real shapes, so that the kvtier
 engine itself (`kvtier perf --device cuda -m PATH`) can be timed at scale
 without a download. Weights are uniform in ±sqrt(3 / fan_in) (unit-variance
-activations), norms 1. No real tokenizer: `kvtier perf` feeds token ids.
+activations), norms 1. No real tokenizer: `kvtier perf` feeds token ids. The
+Llama directory gets a byte-level tokenizer.json without merges (the 256 byte
+tokens, then 2- and 3-letter ASCII fillers up to the vocabulary, bos and eos
+last), so that `kvtier serve` can load it and stream readable text for a
+load test whose prompts are token ids.
 
 Llama (Hugging Face directory, config.json + model.safetensors, bf16):
 
     python3 bench/make_random_model.py --out /tmp/llama8b-random            # Llama-3.1-8B shapes
     python3 bench/make_random_model.py --out /tmp/tiny --layers 2 --hidden 512 --heads 4 --kv-heads 2 \\
         --ffn 1024 --vocab 4096
+    python3 bench/make_random_model.py --out /tmp/tok --tokenizer-only     # for -m shape:llama3.1-8b --tokenizer /tmp/tok
 
 Qwen3-30B-A3B (mixture of experts: 48 layers, 128 experts of width 768, 8
 used per token, 32 query and 4 KV heads of 128): a qwen3moe GGUF whose
@@ -74,6 +79,34 @@ def byte_tokens():
             chars[b] = chr(256 + n)
             n += 1
     return [chars[b] for b in range(256)]
+
+
+def filler_tokens(n):
+    """n distinct 2- and 3-letter ASCII tokens ("aa", "ab", ..., "aaa", ...)."""
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [chr(c) for c in range(ord("A"), ord("Z") + 1)]
+    out = [x + y for x in letters for y in letters][:n]
+    out += [x + y + z for x in letters for y in letters for z in letters][:n - len(out)]
+    if len(out) < n:
+        raise SystemExit(f"--vocab too large for the filler tokens ({n} needed)")
+    return out
+
+
+def write_llama_tokenizer(out_dir, vocab):
+    """A byte-level BPE tokenizer.json of `vocab` tokens: 0..255 bytes, fillers, bos = vocab-2, eos = vocab-1."""
+    if vocab < 260:
+        raise SystemExit("--vocab must be at least 260 for the tokenizer")
+    names = byte_tokens() + filler_tokens(vocab - 258) + ["<|begin_of_text|>", "<|end_of_text|>"]
+    special = [{"id": vocab - 2 + i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+                "normalized": False, "special": True} for i, t in enumerate(names[-2:])]
+    tok = {"version": "1.0", "added_tokens": special, "normalizer": None,
+           "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+           "post_processor": None, "decoder": {"type": "ByteLevel"},
+           "model": {"type": "BPE", "dropout": None, "unk_token": None, "fuse_unk": False, "byte_fallback": False,
+                     "vocab": {t: i for i, t in enumerate(names)}, "merges": []}}
+    with open(os.path.join(out_dir, "tokenizer.json"), "w") as f:
+        json.dump(tok, f)
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": names[-2], "eos_token": names[-1], "add_bos_token": True}, f)
 
 
 def q8_0_random(rng, n_rows, n_cols, amp):
@@ -187,6 +220,8 @@ def main():
     ap.add_argument("--expert-ffn", type=int, help="MoE: width of one expert")
     ap.add_argument("--ctx", type=int, default=131072)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--tokenizer-only", action="store_true",
+                    help="write only the byte-level tokenizer.json into --out (for `-m shape:... --tokenizer DIR`)")
     a = ap.parse_args()
     defaults = {
         "llama3.1-8b": dict(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256),
@@ -202,6 +237,10 @@ def main():
         return
     hd = a.hidden // a.heads
     os.makedirs(a.out, exist_ok=True)
+    if a.tokenizer_only:
+        write_llama_tokenizer(a.out, a.vocab)
+        print(f"wrote {a.out}/tokenizer.json ({a.vocab} tokens)")
+        return
     config = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "vocab_size": a.vocab, "hidden_size": a.hidden, "intermediate_size": a.ffn,
@@ -209,10 +248,11 @@ def main():
         "head_dim": hd, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": a.ctx,
         "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                          "original_max_position_embeddings": 8192},
-        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": a.vocab - 2, "eos_token_id": a.vocab - 1,
     }
     with open(os.path.join(a.out, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
+    write_llama_tokenizer(a.out, a.vocab)
     # name -> (shape, fan_in or None for a norm)
     tensors = [("model.embed_tokens.weight", (a.vocab, a.hidden), 3.0)]
     for i in range(a.layers):

@@ -51,6 +51,8 @@ void add_engine_options(CLI::App& app, EngineOptions& o) {
           },
           "INT in [0, hardware threads]"))
       ->capture_default_str();
+  app.add_option("--tokenizer", o.tokenizer_path,
+                 "tokenizer.json (or its directory) to use instead of the model's, e.g. for a shape: model");
   app.add_option("--prefill-chunk", o.prefill_chunk, "prompt tokens per forward pass")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();

@@ -23,6 +23,10 @@ class GrammarVocab;
 
 struct EngineOptions {
   std::string model_path;     // .gguf file or Hugging Face directory
+  // A tokenizer.json (or a directory holding one, with tokenizer_config.json
+  // beside it if present) used instead of the model's own: for a model that
+  // ships none, such as a random-weight `shape:` model. Empty: the model's.
+  std::string tokenizer_path;
   int n_threads = 0;          // 0: all hardware threads
   int prefill_chunk = 512;    // prompt tokens per forward pass (bounds memory)
   // Sequence::step runs one prefill chunk per call until the prompt is done
@@ -108,6 +112,10 @@ class Sequence {
   bool step(std::string* piece);
   bool finished() const;
   bool prompt_done() const;  // the prompt has run (the next step decodes)
+  // Prompt tokens the next step() runs: one chunk with
+  // EngineOptions::prefill_chunk_per_step, else the rest of the prompt; 0 once
+  // the prompt has run. A scheduler spends its per-round prefill budget by it.
+  int64_t next_prompt_tokens() const;
   const GenerationResult& result() const;
   // Runs to completion, calling on_piece for every non-empty piece; a false
   // return from on_piece cancels.

@@ -76,8 +76,28 @@ using Clock = std::chrono::steady_clock;
 constexpr int kGpuBatch = 256;
 // Prefill chunk when every prompt position's logits are kept (prompt logprobs).
 constexpr int kPromptLogprobChunk = 64;
+// Prompt tokens per forward pass: scoring the prompt needs every position's
+// logits, so smaller chunks bound that buffer ([chunk, n_vocab] f32).
+int prompt_chunk(const Sequence::State& s) {
+  return s.sampling.n_prompt_logprobs >= 0 ? std::min(s.engine->options.prefill_chunk, kPromptLogprobChunk)
+                                           : s.engine->options.prefill_chunk;
+}
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// EngineOptions::tokenizer_path: a tokenizer.json, or a directory with one
+// (and tokenizer_config.json if present). Its ids must fit the model's vocabulary.
+std::unique_ptr<Tokenizer> load_tokenizer_override(const std::string& path, int64_t n_vocab) {
+  namespace fs = std::filesystem;
+  KVT_CHECK(fs::exists(path), "--tokenizer {}: not found", path);
+  const fs::path json_path = fs::is_directory(path) ? fs::path(path) / "tokenizer.json" : fs::path(path);
+  KVT_CHECK(fs::is_regular_file(json_path), "--tokenizer {}: no tokenizer.json there", path);
+  const fs::path config = json_path.parent_path() / "tokenizer_config.json";
+  auto tok = Tokenizer::from_hf(json_path.string(), fs::is_regular_file(config) ? config.string() : std::string());
+  KVT_CHECK(tok->n_vocab() <= n_vocab, "--tokenizer {}: {} tokens, more than the model's vocabulary of {}", path,
+            tok->n_vocab(), n_vocab);
+  return tok;
 }
 
 // Length of the longest prefix of `s` that ends on a complete UTF-8 sequence.
@@ -156,6 +176,13 @@ Sequence::~Sequence() = default;
 
 bool Sequence::finished() const { return s_->finished; }
 bool Sequence::prompt_done() const { return s_->prefilled; }
+int64_t Sequence::next_prompt_tokens() const {
+  const State& s = *s_;
+  if (s.prefilled || s.finished) return 0;
+  const int64_t left = int64_t(s.prompt.size()) - s.n_prefilled;
+  if (!s.engine->options.prefill_chunk_per_step) return left;
+  return std::min<int64_t>(left, prompt_chunk(s));
+}
 const GenerationResult& Sequence::result() const { return s_->result; }
 KvCache& Sequence::cache() {
   KVT_CHECK(s_->kv, "the sequence was cancelled and its KV cache freed");
@@ -228,10 +255,7 @@ bool Sequence::step(std::string* piece) {
   auto t0 = Clock::now();
   if (!s.prefilled) {
     const bool score_prompt = s.sampling.n_prompt_logprobs >= 0;
-    // Scoring the prompt needs every position's logits: smaller chunks bound
-    // that buffer ([chunk, n_vocab] f32).
-    const int chunk = score_prompt ? std::min(s.engine->options.prefill_chunk, kPromptLogprobChunk)
-                                   : s.engine->options.prefill_chunk;
+    const int chunk = prompt_chunk(s);
     const int64_t n = int64_t(s.prompt.size());
     std::vector<float> rows;  // [chunk, n_vocab] when scoring the prompt
     if (score_prompt) rows.resize(size_t(chunk) * size_t(n_vocab));
@@ -481,7 +505,9 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& options) {
     (impl.gpu ? impl.gpu->device() : impl.cpu).set_clock(impl.clock.get());
   }
   const ModelSource& src = impl.model->source();
-  if (src.gguf) {
+  if (!options.tokenizer_path.empty()) {
+    impl.tokenizer = load_tokenizer_override(options.tokenizer_path, impl.model->config().n_vocab);
+  } else if (src.gguf) {
     impl.tokenizer = Tokenizer::from_gguf(*src.gguf);
   } else if (!src.tokenizer_json.empty()) {
     impl.tokenizer = Tokenizer::from_hf(src.tokenizer_json, src.tokenizer_config_json);

@@ -15,7 +15,7 @@ TINY = os.path.join(ROOT, "tests", "fixtures", "hf_tiny_qwen2")
 
 
 def run(*args):
-    return subprocess.run([KVTIER, *args], capture_output=True, text=True, timeout=240)
+    return subprocess.run([KVTIER, *args], capture_output=True, text=True, errors="replace", timeout=240)
 
 
 def test_perf_runs_every_length_and_policy_once_each():
@@ -69,6 +69,32 @@ def test_random_model_loads_and_decodes(tmp_path):
     assert r.returncode == 0, r.stderr
     row = json.loads(r.stdout.splitlines()[-1])
     assert row["decode_tok_s"] > 0 and row["host_kv_bytes"] > 0
+    # Its byte-level tokenizer serves text: every byte is a token, plus bos.
+    r = run("run", "-m", str(out), "-t", "1", "-p", "Hello, wörld", "--raw", "-n", "4", "--ignore-eos")
+    assert r.returncode == 0, r.stderr
+    assert "prompt 14 tok" in r.stderr and "generated 4 tok" in r.stderr
+
+
+def test_tokenizer_option_replaces_the_models_own(tmp_path):
+    pytest.importorskip("numpy")
+    make = [sys.executable, os.path.join(ROOT, "bench", "make_random_model.py")]
+    model, tok, big = tmp_path / "rand", tmp_path / "tok", tmp_path / "big"
+    subprocess.run(make + ["--out", str(model), "--layers", "1", "--hidden", "256", "--heads", "2", "--kv-heads", "1",
+                           "--ffn", "512", "--vocab", "3000", "--ctx", "4096"], check=True, timeout=120)
+    subprocess.run(make + ["--out", str(tok), "--tokenizer-only", "--vocab", "2000"], check=True, timeout=120)
+    subprocess.run(make + ["--out", str(big), "--tokenizer-only", "--vocab", "5000"], check=True, timeout=120)
+    os.remove(model / "tokenizer.json")
+    r = run("run", "-m", str(model), "-t", "1", "-p", "Hi", "--raw", "-n", "2")
+    assert r.returncode != 0 and "no tokenizer" in r.stderr
+    for where in (tok, tok / "tokenizer.json"):  # the folder or the file
+        r = run("run", "-m", str(model), "--tokenizer", str(where), "-t", "1", "-p", "Hi", "--raw", "-n", "2",
+                "--ignore-eos")
+        assert r.returncode == 0, r.stderr
+        assert "prompt 3 tok" in r.stderr
+    r = run("run", "-m", str(model), "--tokenizer", str(big), "-t", "1", "-p", "Hi", "-n", "2")
+    assert r.returncode != 0 and "5000 tokens, more than the model's vocabulary of 3000" in r.stderr
+    r = run("run", "-m", str(model), "--tokenizer", str(tmp_path / "absent"), "-t", "1", "-p", "Hi", "-n", "2")
+    assert r.returncode != 0 and "not found" in r.stderr
 
 
 def test_random_moe_model_loads_and_decodes(tmp_path):
