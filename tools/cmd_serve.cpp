@@ -52,6 +52,7 @@ void serve(ServeArgs& a) {
   // A prompt runs one --prefill-chunk per scheduler round, between the decode
   // steps of the sequences already streaming.
   a.engine.prefill_chunk_per_step = true;
+  if (a.server.prefill_tokens_per_round < 0) a.server.prefill_tokens_per_round = a.engine.prefill_chunk;
   auto engine = load_engine(a.engine);
   server::HttpServer http(*engine, a.server);
   const int port = http.bind();
@@ -89,8 +90,14 @@ Registration reg(20, [](CLI::App& app) {
   cmd->add_option("--port", s.port, "TCP port (0: any free port)")
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
-  cmd->add_option("--max-active", s.max_active, "sequences decoding at once (round-robin)")
+  cmd->add_option("--max-active", s.max_active, "sequences running at once (one batched forward per round)")
       ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  s.prefill_tokens_per_round = -1;
+  cmd->add_option("--prefill-budget", s.prefill_tokens_per_round,
+                  "prompt tokens run per round, earliest request first, beside the decode steps "
+                  "(-1: one --prefill-chunk; 0: every new request runs a chunk each round)")
+      ->check(CLI::Range(int64_t(-1), int64_t(1) << 30))
       ->capture_default_str();
   cmd->add_option("--max-queue", s.max_queue, "requests waiting for a slot; more get 503")
       ->check(CLI::Range(0, 1 << 16))

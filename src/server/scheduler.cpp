@@ -286,8 +286,9 @@ void Scheduler::finish_active(Active& a, bool cancelled_by_server) {
   }
 }
 
-// One round: every active sequence decodes one token (the first step of a new
-// one is its prompt prefill), all in one Engine::step_batch.
+// One round: every active sequence past its prompt decodes one token, and the
+// earliest ones still in their prompt run a chunk of it within the round's
+// prefill budget, all in one Engine::step_batch.
 void Scheduler::step_round(std::vector<Active>& active) {
   uint64_t round = 0;
   bool cancel_all = false;
@@ -301,10 +302,16 @@ void Scheduler::step_round(std::vector<Active>& active) {
   std::vector<Active*> running;
   std::vector<Sequence*> seqs;
   std::vector<size_t> n_before;
+  int64_t prefill_spent = 0;
   for (auto& a : active) {
     if (cancel_all || a.channel->cancelled()) {
       finish_active(a, cancel_all);
       continue;
+    }
+    if (const int64_t n = a.sequence->next_prompt_tokens(); n > 0) {
+      const int64_t budget = options_.prefill_tokens_per_round;
+      if (budget > 0 && prefill_spent > 0 && prefill_spent + n > budget) continue;  // waits a round
+      prefill_spent += n;
     }
     running.push_back(&a);
     seqs.push_back(a.sequence.get());

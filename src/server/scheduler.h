@@ -116,6 +116,12 @@ struct SchedulerOptions {
   int max_queue = 64;   // requests waiting for a busy slot; more → 503
   int64_t host_kv_budget_bytes = 0;  // 0: no limit; else Σ Job::host_kv_bytes of active ≤ this
   int64_t gpu_kv_budget_bytes = 0;   // 0: no limit; else Σ of the active jobs' GPU charges ≤ this
+  // Prompt tokens run per round, over the requests still in their prompt, in
+  // admission order (each round's first prompt always runs, so a chunk larger
+  // than the budget still progresses). 0: every such request runs its next
+  // chunk each round. Bounds how long a burst of long prompts stalls the
+  // sequences that are decoding, and lets the earliest prompt finish first.
+  int64_t prefill_tokens_per_round = 0;
 };
 
 struct SchedulerStats {

@@ -310,5 +310,51 @@ TEST_F(SchedulerTest, LongPromptIsPrefilledBetweenTheStreamsSteps) {
   EXPECT_GE(ra.back(), rb.front());
 }
 
+// Under a prefill budget of one chunk, a round runs one prompt chunk in all:
+// the earlier prompt runs to its end first, the later one waits, the stream
+// that is already decoding steps every round, and the answers are the solo ones.
+TEST_F(SchedulerTest, PrefillBudgetRunsTheEarliestPromptFirst) {
+  EngineOptions o;
+  o.model_path = kModel;
+  o.n_threads = 2;
+  o.prefill_chunk = 32;
+  o.prefill_chunk_per_step = true;
+  auto e = Engine::load(o);
+  auto long_job = [&](const std::string& what, int n_items, int max_new) {
+    std::string text = what + ":";
+    for (int i = 0; i < n_items; ++i) text += " " + what + " " + std::to_string(i) + ",";
+    Job j = job(text, max_new, true);
+    j.prompt = e->tokenize(text, true);
+    return j;
+  };
+  Job a_job = long_job("Inventory", 30, 20), b_job = long_job("Shelf", 24, 4);
+  const int64_t na = (int64_t(a_job.prompt.size()) + 31) / 32, nb = (int64_t(b_job.prompt.size()) + 31) / 32;
+  ASSERT_GE(na, 3);
+  ASSERT_GE(nb, 3);
+  ASSERT_GE(20, nb + 2);  // A still decodes while B's prompt runs
+  const GenerationResult solo_a = e->generate(a_job.prompt, a_job.sampling);
+  const GenerationResult solo_b = e->generate(b_job.prompt, b_job.sampling);
+
+  SchedulerOptions so{2, 8, 0};
+  so.prefill_tokens_per_round = 32;
+  Scheduler s(*e, so);
+  // The worker is idle: A is admitted in the first round after this count.
+  const uint64_t first = s.stats().n_rounds;
+  auto a = s.submit(a_job);
+  auto b = s.submit(b_job);
+  a->wait_finished();
+  b->wait_finished();
+  ASSERT_FALSE(a->error());
+  ASSERT_FALSE(b->error());
+  EXPECT_EQ(a->result().tokens, solo_a.tokens);
+  EXPECT_EQ(b->result().tokens, solo_b.tokens);
+  const auto ra = a->step_rounds(), rb = b->step_rounds();
+  // A's chunks ran in rounds first .. first + na - 1, its first token with the last.
+  EXPECT_EQ(ra.front(), first + uint64_t(na) - 1);
+  // B's chunks ran one per round after A's: none beside A's.
+  EXPECT_EQ(rb.front(), first + uint64_t(na + nb) - 1);
+  for (size_t k = 1; k < ra.size(); ++k) EXPECT_EQ(ra[k], ra[k - 1] + 1);
+}
+
 }  // namespace
 }  // namespace kvtier::server
