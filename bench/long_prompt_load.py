@@ -11,7 +11,7 @@ tokenizer for it), the prompts are random token ids and the answers are
 meaningless: this measures the scheduler and the engine, not the model.
 
     python3 bench/long_prompt_load.py --start --kvtier build/tools/kvtier -n 32 -l 32768 -m 64 \\
-        --server-args "-m /tmp/llama8b --device cuda --kv yakv --max-active 32 --prefill-chunk 8192" \\
+        --server-args="-m /tmp/llama8b --device cuda --kv yakv --max-active 32 --prefill-chunk 8192" \\
         --out result.json
 """
 import argparse
@@ -98,7 +98,7 @@ def watch_health(host, port, stop, peak):
             peak["last"] = h
         except Exception:
             pass
-        stop.wait(1.0)
+        stop.wait(0.5)
 
 
 def main():
