@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,34 @@ struct GpuLayer {
 
 class CudaSequence;
 
+// The activations of one forward pass. Every forward runs on the model's one
+// stream, one at a time (CudaModel::forward_mu_), so all sequences share one
+// set, grown to the largest forward asked for: a sequence costs the GPU its
+// KV alone, not a prefill chunk's 1.2 GB of activations (Llama-3.1-8B at
+// 8192 tokens). `generation` changes when the buffers move, so that a
+// captured graph that reads them is captured again.
+struct Activations {
+  int cap = 0;         // rows (tokens) of every [cap, ...] buffer
+  int logit_rows = 0;  // rows of logits / h_logits
+  uint64_t generation = 0;
+  DeviceBuffer ids;    // [cap] int32
+  DeviceBuffer pos;    // [cap] int64
+  DeviceBuffer x;      // [cap, n_embd] bf16, residual stream
+  DeviceBuffer xb;     // [cap, n_embd] bf16, normed input of a block
+  DeviceBuffer delta;  // [cap, n_embd] bf16, a block's output before the residual add
+  DeviceBuffer q;      // [cap, n_head, head_dim] bf16
+  DeviceBuffer k_pre;  // [cap, n_kv_head, head_dim] bf16, keys before RoPE
+  DeviceBuffer k;      // [cap, n_kv_head, head_dim] bf16
+  DeviceBuffer v;      // [cap, n_kv_head, head_dim] bf16
+  DeviceBuffer att;    // [cap, n_head, head_dim] bf16
+  DeviceBuffer gu;     // [cap, 2 * n_ff] bf16 (empty when every layer is MoE)
+  DeviceBuffer h;      // [cap, n_ff] bf16 (empty when every layer is MoE)
+  DeviceBuffer logits; // [logit_rows, n_vocab] f32
+  std::unique_ptr<cuda::MoeRunner> moe;  // MoE models: the expert block's working memory
+  PinnedBuffer h_ids, h_pos;  // staging of the step's inputs
+  PinnedBuffer h_logits;      // [logit_rows, n_vocab] f32: the logits' host copy (a graph's copy target)
+};
+
 class CudaModel final : public GpuModel {
  public:
   CudaModel(const Model& model, bool graphs);
@@ -67,9 +96,14 @@ class CudaModel final : public GpuModel {
   size_t weight_bytes_ = 0;
   cuda::Gemm gemm_;
   const bool graphs_;
-  std::unique_ptr<CudaSequence> batch_;  // forward_decode's activations, grown to the largest batch
+  std::mutex forward_mu_;  // one forward at a time: they share act_ and the stream
+  Activations act_;
+  std::unique_ptr<CudaSequence> batch_;  // forward_decode's graph and arrangement, for up to batch_cap_
   int batch_cap_ = 0;
   void random_weights();
+  // act_ with room for `rows` tokens and `logit_rows` rows of logits (grown,
+  // never shrunk; callers hold forward_mu_).
+  Activations& activations(int rows, int logit_rows);
 };
 
 class CudaSequence final : public GpuSequence {
@@ -85,34 +119,20 @@ class CudaSequence final : public GpuSequence {
   void check_cache(const KvCache& kv, int64_t pos) const;
   // The forward pass's device work, staged inputs to staged logits. n_kv 1:
   // every token goes to kvs[0]; n_kv = n_tok: token i goes to kvs[i].
-  void run(int n_tok, KvCache* const* kvs, int n_kv, int n_logits);
-  void capture_and_launch(int n_tok, KvCache* const* kvs, int n_kv, int n_logits);
+  void run(Activations& a, int n_tok, KvCache* const* kvs, int n_kv, int n_logits);
+  void capture_and_launch(Activations& a, int n_tok, KvCache* const* kvs, int n_kv, int n_logits);
 
   CudaModel& m_;
   const ModelConfig& c_;
-  const int cap_;
+  const int cap_;  // most tokens per forward
   const int64_t q_dim_, kv_dim_;
   cudaStream_t s_;
-  DeviceBuffer ids_;    // [cap] int32
-  DeviceBuffer pos_;    // [cap] int64
-  DeviceBuffer x_;      // [cap, n_embd] bf16, residual stream
-  DeviceBuffer xb_;     // [cap, n_embd] bf16, normed input of a block
-  DeviceBuffer delta_;  // [cap, n_embd] bf16, a block's output before the residual add
-  DeviceBuffer q_;      // [cap, n_head, head_dim] bf16
-  DeviceBuffer k_pre_;  // [cap, n_kv_head, head_dim] bf16, keys before RoPE
-  DeviceBuffer k_;      // [cap, n_kv_head, head_dim] bf16
-  DeviceBuffer v_;      // [cap, n_kv_head, head_dim] bf16
-  DeviceBuffer att_;    // [cap, n_head, head_dim] bf16
-  DeviceBuffer gu_;     // [cap, 2 * n_ff] bf16 (empty when every layer is MoE)
-  DeviceBuffer h_;      // [cap, n_ff] bf16 (empty when every layer is MoE)
-  DeviceBuffer logits_; // [logit_rows_, n_vocab] f32 (rows as many as a call asks for, grown on demand)
-  std::unique_ptr<cuda::MoeRunner> moe_;  // MoE models: the expert block's working memory
-  PinnedBuffer h_ids_, h_pos_;  // staging of the step's inputs
-  PinnedBuffer h_logits_;       // [logit_rows_, n_vocab] f32: the logits' host copy (a graph's copy target)
-  int logit_rows_ = 0;
-  void ensure_logit_rows(int rows);
   cudaGraphExec_t graph_ = nullptr;
   uint64_t graph_key_ = 0, warm_key_ = 0;
+  uint64_t act_generation_ = 0;  // the activations' generation the keys were taken with
+  // The model's activations for a forward of n_tok tokens and n_logits rows
+  // of logits; forgets the captured graph when they moved.
+  Activations& activations(int n_tok, int n_logits);
   DecodeGroups groups_;  // forward_decode's arrangement of the batch (rows of one tiered policy together)
 };
 

@@ -307,6 +307,43 @@ TEST(GpuModel, EngineRunsOnCudaAndMatchesCpuLogits) {
 // policy's sequence holds on the GPU, a budget one byte under a request's
 // charge refuses it and one at the charge runs it, and under a budget
 // cache=auto keeps budget-sized slots (the step charge), not every token's.
+// Sequences share one set of forward activations: the first brings those of
+// a prefill chunk, the next ones only their KV. Sequences stepped in turn,
+// each replaying its own graph over the shared buffers, answer as alone.
+TEST(GpuModel, SequencesShareTheForwardActivations) {
+  KVT_REQUIRE_GPU();
+  EngineOptions o;
+  o.model_path = model_cases()[2].write();
+  o.device = "cuda";
+  o.prefill_chunk = 4096;
+  auto e = Engine::load(o);
+  // A forward of 3,000 tokens needs ~20 MB of activations here, its KV ~3 MB.
+  const auto prompt = test_prompt(3000, e->config().n_vocab);
+  SamplingParams s;
+  s.max_new_tokens = 12;
+  s.ignore_eos = true;
+  const std::vector<int32_t> solo_full = e->generate(prompt, s, "full").tokens;
+  const std::vector<int32_t> solo_yakv = e->generate(prompt, s, "yakv,budget=16,local=8").tokens;
+  auto fresh = Engine::load(o);
+  const int64_t base = fresh->gpu_memory_in_use();
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  seqs.push_back(fresh->start(prompt, s, "full"));
+  const int64_t one = fresh->gpu_memory_in_use() - base;
+  for (int i = 0; i < 3; ++i) seqs.push_back(fresh->start(prompt, s, i % 2 ? "full" : "yakv,budget=16,local=8"));
+  const int64_t four = fresh->gpu_memory_in_use() - base;
+  std::printf("[activations] first sequence %lld MB, three more %lld MB\n", static_cast<long long>(one >> 20),
+              static_cast<long long>((four - one) >> 20));
+  EXPECT_GT(one, int64_t(16) << 20);
+  EXPECT_LT(four - one, one);  // each sequence with its own activations: 3 × one
+  std::string piece;
+  for (int step = 0; step <= s.max_new_tokens; ++step)
+    for (auto& q : seqs) q->step(&piece);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    ASSERT_TRUE(seqs[i]->finished()) << i;
+    EXPECT_EQ(seqs[i]->result().tokens, i % 2 ? solo_yakv : solo_full) << i;
+  }
+}
+
 TEST(GpuModel, EngineGpuKvBudgetBoundsWhatSequencesHold) {
   KVT_REQUIRE_GPU();
   const std::string path = model_cases()[2].write();
