@@ -74,6 +74,8 @@ def one_stream(host, port, model, prompt, max_tokens, t_start, out, timeout):
             if data == b"[DONE]":
                 break
             ev = json.loads(data)
+            if ev.get("error"):  # an error after the stream began (the HTTP status was already 200)
+                rec["error"] = json.dumps(ev["error"])[:300]
             if ev.get("usage"):
                 rec["completion_tokens"] = ev["usage"]["completion_tokens"]
             if any(ch.get("text") for ch in ev.get("choices", [])):
