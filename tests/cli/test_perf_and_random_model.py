@@ -129,3 +129,24 @@ def test_memory_of_qwen3_30b_a3b_next_to_its_weights():
     assert seqs["yakv"] >= 20 and seqs["full"] < seqs["yakv"]
     bad = run("memory", "--shape", "qwen3-30b-a3b", "--gpu-mem", "0")
     assert bad.returncode != 0 and "--gpu-mem" in bad.stderr
+
+
+def test_long_prompt_load_streams_every_request(tmp_path):
+    """bench/long_prompt_load.py (the H200 load test's client) against `kvtier serve` on a tiny random
+    model with a byte-level tokenizer: every stream answers, under the default prefill budget and
+    with --prefill-budget 0, and the summary has TTFT and ITL percentiles."""
+    pytest.importorskip("numpy")
+    model = tmp_path / "rand"
+    subprocess.run([sys.executable, os.path.join(ROOT, "bench", "make_random_model.py"), "--out", str(model),
+                    "--layers", "1", "--hidden", "256", "--heads", "2", "--kv-heads", "1", "--ffn", "512",
+                    "--vocab", "3000", "--ctx", "4096"], check=True, timeout=120)
+    for extra in ("", " --prefill-budget 0"):
+        out = tmp_path / "load.json"
+        r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "long_prompt_load.py"), "--start",
+                            "--kvtier", KVTIER, "-n", "3", "-l", "600", "-m", "5", "--vocab", "2900",
+                            f"--server-args=-m {model} -t 1 --kv yakv --max-active 3 --prefill-chunk 256{extra}",
+                            "--out", str(out), "--timeout", "120"], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        d = json.loads(out.read_text())
+        assert d["ok"] == 3 and d["failed"] == 0 and d["generated_tokens"] == 15
+        assert d["ttft_s"]["n"] == 3 and d["itl_s"]["n"] >= 3 and d["ttft_s"]["p99"] >= d["ttft_s"]["p50"] > 0
