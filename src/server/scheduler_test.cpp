@@ -270,16 +270,28 @@ TEST_F(SchedulerTest, DrainCancelsWhatOutlivesTheGrace) {
   }
 }
 
-// With a prompt chunk per step (as `kvtier serve` runs), a long prompt that
-// arrives is prefilled over several rounds while the sequence already
-// streaming keeps its one token per round; both answers equal solo runs.
-TEST_F(SchedulerTest, LongPromptIsPrefilledBetweenTheStreamsSteps) {
+// An engine that runs one 32-token prompt chunk per step, as `kvtier serve` does.
+std::unique_ptr<Engine> chunked_engine() {
   EngineOptions o;
   o.model_path = kModel;
   o.n_threads = 2;
   o.prefill_chunk = 32;
   o.prefill_chunk_per_step = true;
-  auto e = Engine::load(o);
+  return Engine::load(o);
+}
+
+// Waits for a request and checks that it answered what it answers alone.
+void expect_as_alone(Channel& c, const GenerationResult& solo) {
+  c.wait_finished();
+  ASSERT_FALSE(c.error());
+  EXPECT_EQ(c.result().tokens, solo.tokens);
+}
+
+// With a prompt chunk per step (as `kvtier serve` runs), a long prompt that
+// arrives is prefilled over several rounds while the sequence already
+// streaming keeps its one token per round; both answers equal solo runs.
+TEST_F(SchedulerTest, LongPromptIsPrefilledBetweenTheStreamsSteps) {
+  auto e = chunked_engine();
   std::string long_text = "Inventory:";
   for (int i = 0; i < 60; ++i) long_text += " item " + std::to_string(i) + ",";
   Job streaming = job("Count: 1, 2, 3,", 40, true), long_prompt = job(long_text, 4, true);
@@ -294,12 +306,8 @@ TEST_F(SchedulerTest, LongPromptIsPrefilledBetweenTheStreamsSteps) {
   ASSERT_TRUE(eventually([&] { return a->step_rounds().size() >= 2; }));
   const uint64_t submitted = s.stats().n_rounds;
   auto b = s.submit(long_prompt);
-  a->wait_finished();
-  b->wait_finished();
-  ASSERT_FALSE(a->error());
-  ASSERT_FALSE(b->error());
-  EXPECT_EQ(a->result().tokens, solo_a.tokens);
-  EXPECT_EQ(b->result().tokens, solo_b.tokens);
+  ASSERT_NO_FATAL_FAILURE(expect_as_alone(*a, solo_a));
+  ASSERT_NO_FATAL_FAILURE(expect_as_alone(*b, solo_b));
   const auto ra = a->step_rounds(), rb = b->step_rounds();
   ASSERT_EQ(rb.size(), 4u);  // no report for the rounds that only ran a prompt chunk
   // B's first token came n_chunks rounds after its admission (≥ submitted).
@@ -314,12 +322,7 @@ TEST_F(SchedulerTest, LongPromptIsPrefilledBetweenTheStreamsSteps) {
 // the earlier prompt runs to its end first, the later one waits, the stream
 // that is already decoding steps every round, and the answers are the solo ones.
 TEST_F(SchedulerTest, PrefillBudgetRunsTheEarliestPromptFirst) {
-  EngineOptions o;
-  o.model_path = kModel;
-  o.n_threads = 2;
-  o.prefill_chunk = 32;
-  o.prefill_chunk_per_step = true;
-  auto e = Engine::load(o);
+  auto e = chunked_engine();
   auto long_job = [&](const std::string& what, int n_items, int max_new) {
     std::string text = what + ":";
     for (int i = 0; i < n_items; ++i) text += " " + what + " " + std::to_string(i) + ",";
@@ -342,12 +345,8 @@ TEST_F(SchedulerTest, PrefillBudgetRunsTheEarliestPromptFirst) {
   const uint64_t first = s.stats().n_rounds;
   auto a = s.submit(a_job);
   auto b = s.submit(b_job);
-  a->wait_finished();
-  b->wait_finished();
-  ASSERT_FALSE(a->error());
-  ASSERT_FALSE(b->error());
-  EXPECT_EQ(a->result().tokens, solo_a.tokens);
-  EXPECT_EQ(b->result().tokens, solo_b.tokens);
+  ASSERT_NO_FATAL_FAILURE(expect_as_alone(*a, solo_a));
+  ASSERT_NO_FATAL_FAILURE(expect_as_alone(*b, solo_b));
   const auto ra = a->step_rounds(), rb = b->step_rounds();
   // A's chunks ran in rounds first .. first + na - 1, its first token with the last.
   EXPECT_EQ(ra.front(), first + uint64_t(na) - 1);
