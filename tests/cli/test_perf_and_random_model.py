@@ -140,7 +140,7 @@ def test_long_prompt_load_streams_every_request(tmp_path):
     subprocess.run([sys.executable, os.path.join(ROOT, "bench", "make_random_model.py"), "--out", str(model),
                     "--layers", "1", "--hidden", "256", "--heads", "2", "--kv-heads", "1", "--ffn", "512",
                     "--vocab", "3000", "--ctx", "4096"], check=True, timeout=120)
-    for extra in ("", " --prefill-budget 0"):
+    for extra, budget in (("", 256), (" --prefill-budget 0", 0)):  # default: one --prefill-chunk
         out = tmp_path / "load.json"
         r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "long_prompt_load.py"), "--start",
                             "--kvtier", KVTIER, "-n", "3", "-l", "600", "-m", "5", "--vocab", "2900",
@@ -149,4 +149,5 @@ def test_long_prompt_load_streams_every_request(tmp_path):
         assert r.returncode == 0, r.stdout + r.stderr
         d = json.loads(out.read_text())
         assert d["ok"] == 3 and d["failed"] == 0 and d["generated_tokens"] == 15
+        assert d["health_last"]["limits"]["prefill_tokens_per_round"] == budget
         assert d["ttft_s"]["n"] == 3 and d["itl_s"]["n"] >= 3 and d["ttft_s"]["p99"] >= d["ttft_s"]["p50"] > 0
