@@ -1,8 +1,11 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <vector>
 
 #include "backend/cuda_test_util.h"
+#include "backend/device.h"
+#include "backend/pinned_arena.h"
 
 namespace kvtier::cuda {
 namespace {
@@ -10,7 +13,9 @@ namespace {
 TEST(CudaBackend, DeviceSummaryNamesTheDeviceOrWhyNone) {
   const std::string s = cuda_device_summary();
   EXPECT_FALSE(s.empty());
-  if (cuda_device_count() == 0) EXPECT_NE(s.find("no CUDA device"), std::string::npos) << s;
+  if (cuda_device_count() == 0) {
+    EXPECT_NE(s.find("no CUDA device"), std::string::npos) << s;
+  }
 }
 
 TEST(CudaBackend, PinnedRoundTripThroughDeviceAndMappedPointer) {
@@ -64,6 +69,38 @@ TEST(CudaBackend, FillIsReproducibleAndInRange) {
 TEST(CudaBackend, HugeAllocationIsALimitErrorNotACrash) {
   KVT_REQUIRE_GPU();
   EXPECT_THROW(DeviceBuffer(size_t(1) << 50), LimitError);
+}
+
+// The host tier's Buffers come from the pinned pool: a freed block is reused
+// without pinning again, blocks carved from one slab are mapped at their own
+// offsets (a copy through the device address reads the right bytes), an
+// impossible request is a LimitError that names the pool.
+TEST(CudaBackend, HostTierBuffersReuseThePinnedPool) {
+  KVT_REQUIRE_GPU();
+  Device dev(DeviceKind::cuda);
+  const size_t n = size_t(24) << 20;
+  { Buffer warm = dev.alloc_host(n); }
+  const PinnedStats before = pinned_host_stats();
+  ASSERT_GE(before.pinned_bytes, int64_t(n));
+  std::vector<Buffer> bufs;
+  for (int i = 0; i < 3; ++i) bufs.push_back(dev.alloc_host(n / 3));  // fit in the freed block: no pin
+  EXPECT_EQ(pinned_host_stats().pinned_bytes, before.pinned_bytes);
+  EXPECT_EQ(pinned_host_stats().pin_seconds, before.pin_seconds);
+  for (int i = 0; i < 3; ++i) {
+    auto* h = bufs[size_t(i)].host_ptr<uint8_t>();
+    for (size_t k = 0; k < n / 3; ++k) h[k] = uint8_t(k * 7 + i);
+  }
+  Buffer d = dev.alloc(n / 3);
+  for (int i = 0; i < 3; ++i) {
+    copy(dev.exec(), d.data(), bufs[size_t(i)].data(), n / 3);  // device address of the middle of a slab
+    std::vector<uint8_t> back(n / 3);
+    sync(dev.exec());
+    KVT_CUDA_CHECK(cudaMemcpy(back.data(), d.data(), back.size(), cudaMemcpyDeviceToHost));
+    size_t bad = 0;
+    for (size_t k = 0; k < back.size(); ++k) bad += back[k] != uint8_t(k * 7 + i);
+    EXPECT_EQ(bad, 0u) << "block " << i;
+  }
+  EXPECT_THROW(dev.alloc_host(size_t(1) << 50), LimitError);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <new>
 
 #include "backend/device_cuda.h"
+#include "backend/pinned_arena.h"
 #include "core/status.h"
 
 namespace kvtier {
@@ -55,6 +56,16 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
     mem_ = o.mem_;
   }
   return *this;
+}
+
+PinnedStats pinned_host_stats() { return cuda_dev::pinned_stats(); }
+
+void pin_host(size_t bytes) {
+  const int64_t pinned = cuda_dev::pinned_arena().reserve(bytes);
+  if (pinned < int64_t(bytes))
+    throw LimitError(fmt::format("host memory: pinned {:.3f} of the {:.3f} GiB asked for; the machine locks no more "
+                                 "(ulimit -l, free RAM)",
+                                 double(pinned) / (1ull << 30), double(bytes) / (1ull << 30)));
 }
 
 Device::Device(DeviceKind kind) {

@@ -4,6 +4,7 @@
 #include "backend/cuda_backend.h"
 #include "backend/cuda_device.h"
 #include "backend/device_cuda.h"
+#include "backend/pinned_arena.h"
 
 namespace kvtier::cuda_dev {
 namespace {
@@ -29,19 +30,44 @@ void* malloc_device(size_t bytes) {
 
 void free_device(void* p) { cudaFree(p); }
 
-void* malloc_host(size_t bytes, void** host) {
-  const cudaError_t err = cudaHostAlloc(host, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    throw LimitError(fmt::format("host memory: cudaHostAlloc of {:.3f} GiB pinned memory failed: {}",
-                                 double(bytes) / (1ull << 30), cudaGetErrorString(err)));
-  }
-  void* dev = nullptr;
-  KVT_CUDA_CHECK(cudaHostGetDevicePointer(&dev, *host, 0));
-  return dev;
+// The host tier's pool. Leaked on purpose: blocks may be freed by static
+// destructors after main, when cudaFreeHost can no longer run.
+PinnedArena& pinned_arena() {
+  static PinnedArena* arena = new PinnedArena(PinnedArena::Pinner{
+      [](size_t bytes) {
+        void* host = nullptr;
+        void* dev = nullptr;
+        if (cudaHostAlloc(&host, bytes, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
+          cudaGetLastError();
+          return PinnedBlock{};
+        }
+        if (cudaHostGetDevicePointer(&dev, host, 0) != cudaSuccess) {
+          cudaGetLastError();
+          cudaFreeHost(host);
+          return PinnedBlock{};
+        }
+        return PinnedBlock{host, dev};
+      },
+      [](void* host) { cudaFreeHost(host); }});
+  return *arena;
 }
 
-void free_host(void* host) { cudaFreeHost(host); }
+void* malloc_host(size_t bytes, void** host) {
+  const PinnedBlock b = pinned_arena().alloc(bytes);
+  if (!b.host) {
+    const PinnedStats s = pinned_arena().stats();
+    throw LimitError(fmt::format("host memory: pinning {:.3f} GiB failed ({:.3f} GiB pinned, {:.3f} GiB in use)",
+                                 double(bytes) / (1ull << 30), double(s.pinned_bytes) / (1ull << 30),
+                                 double(s.in_use_bytes) / (1ull << 30)));
+  }
+  *host = b.host;
+  return b.dev;
+}
+
+void free_host(void* host) { pinned_arena().free(host); }
+
+PinnedStats pinned_stats() { return pinned_arena().stats(); }
+
 
 void create(Exec& x) {
   KVT_CHECK(cuda_device_count() > 0, "--device cuda: no CUDA device found ({})", cuda_device_summary());

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "backend/device.h"
+#include "backend/pinned_arena.h"
 
 namespace kvtier::cuda_dev {
 
@@ -13,6 +14,8 @@ void free_device(void* p);
 // Page-locked, mapped: *host is the CPU address, the return value the device's.
 void* malloc_host(size_t bytes, void** host);
 void free_host(void* host);
+PinnedArena& pinned_arena();  // the pool behind malloc_host
+PinnedStats pinned_stats();
 void create(Exec& x);
 void destroy(Exec& x);
 std::pair<size_t, size_t> mem_info();

@@ -11,6 +11,8 @@ void* malloc_device(size_t) { no_cuda(); }
 void free_device(void*) {}
 void* malloc_host(size_t, void**) { no_cuda(); }
 void free_host(void*) {}
+PinnedArena& pinned_arena() { no_cuda(); }
+PinnedStats pinned_stats() { return {}; }
 void create(Exec&) { no_cuda(); }
 void destroy(Exec&) {}
 std::pair<size_t, size_t> mem_info() { no_cuda(); }
