@@ -165,6 +165,10 @@ def main():
         wall = time.perf_counter() - t_start
         stop.set()
         watcher.join()
+        try:  # the totals after every request (worker_seconds, counters)
+            peak["last"] = get_json(host, port, "/health", timeout=5)[1]
+        except Exception:
+            pass
     finally:
         if proc:
             proc.terminate()

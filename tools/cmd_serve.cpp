@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "command.h"
+#include "core/status.h"
 #include "options.h"
 #include "server/http_server.h"
 
@@ -31,6 +32,11 @@ extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
 void serve(ServeArgs& a) {
   a.server.host_kv_budget_bytes = a.engine.host_kv_budget_bytes;
+  const bool cuda = a.engine.device == "cuda";
+  KVT_CHECK(cuda || a.server.pin_host_bytes <= 0,
+            "--pin-host {}: host memory is pinned only for --device cuda (the CPU's host tier is plain memory)",
+            a.server.pin_host_bytes);
+  if (a.server.pin_host_bytes < 0) a.server.pin_host_bytes = cuda ? a.engine.host_kv_budget_bytes : 0;
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
@@ -54,6 +60,9 @@ void serve(ServeArgs& a) {
   a.engine.prefill_chunk_per_step = true;
   if (a.server.prefill_tokens_per_round < 0) a.server.prefill_tokens_per_round = a.engine.prefill_chunk;
   auto engine = load_engine(a.engine);
+  if (a.server.pin_host_bytes > 0)
+    fmt::print(stderr, "kvtier serve: pinning {:.1f} GB of host memory for the host KV tier (--pin-host)\n",
+               double(a.server.pin_host_bytes) / 1e9);
   server::HttpServer http(*engine, a.server);
   const int port = http.bind();
   fmt::print(stderr, "kvtier serve: {} on http://{}:{} (kv policy {}, {} active, queue {})\n",
@@ -98,6 +107,13 @@ Registration reg(20, [](CLI::App& app) {
                   "prompt tokens run per round, earliest request first, beside the decode steps "
                   "(-1: one --prefill-chunk; 0: every new request runs a chunk each round)")
       ->check(CLI::Range(int64_t(-1), int64_t(1) << 30))
+      ->capture_default_str();
+  s.pin_host_bytes = -1;
+  cmd->add_option("--pin-host", s.pin_host_bytes,
+                  "--device cuda: bytes of host memory to pin for the host KV tier before the server answers, so "
+                  "that admitting a request does not pin its host K/V then (-1: --host-kv-budget; 0: pin as "
+                  "requests come)")
+      ->check(CLI::Range(int64_t(-1), int64_t(1) << 50))
       ->capture_default_str();
   cmd->add_option("--max-queue", s.max_queue, "requests waiting for a slot; more get 503")
       ->check(CLI::Range(0, 1 << 16))

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <thread>
 
+#include "backend/pinned_arena.h"
 #include "server/api_request.h"
 #include "server/api_response.h"
 #include "server/completion_call.h"
@@ -97,6 +98,8 @@ struct HttpServer::Impl {
               o.request_timeout_seconds);
     KVT_CHECK(o.max_connections >= 1, "server: max_connections must be ≥ 1, got {}", o.max_connections);
     KVT_CHECK(o.io_threads >= 1 && o.io_threads <= 64, "server: io_threads must be in 1..64, got {}", o.io_threads);
+    KVT_CHECK(o.pin_host_bytes >= 0, "server: pin_host_bytes must be ≥ 0, got {}", o.pin_host_bytes);
+    if (o.pin_host_bytes > 0 && e.options().device == "cuda") pin_host(size_t(o.pin_host_bytes));
     ConnectionLimits& l = conn_ctx->limits;
     l.header_timeout = ms(o.header_timeout_seconds);
     l.body_timeout = std::max(ms(30), l.header_timeout * 3);
@@ -194,6 +197,7 @@ struct HttpServer::Impl {
 
   Reply health() {
     const SchedulerStats s = stats();
+    const PinnedStats pinned = pinned_host_stats();  // the host tier's pool (CUDA; zeros on the CPU)
     json j = {
         {"status", s.accepting && !stopping ? "ok" : "shutting_down"},
         {"model", model_id},
@@ -204,6 +208,8 @@ struct HttpServer::Impl {
         {"kv_host_bytes", s.kv_host_bytes},
         {"host_kv_reserved_bytes", s.host_kv_reserved_bytes},
         {"gpu_kv_reserved_bytes", s.gpu_kv_reserved_bytes},
+        {"host_pinned_bytes", pinned.pinned_bytes},
+        {"host_pinned_in_use_bytes", pinned.in_use_bytes},
         {"open_connections", conn_ctx->n_open.load()},
         {"open_requests", n_open_calls.load()},
         {"requests",
@@ -213,6 +219,7 @@ struct HttpServer::Impl {
           {"rejected", s.n_rejected}}},
         {"tokens_generated", s.n_tokens_generated},
         {"scheduler_rounds", s.n_rounds},
+        {"worker_seconds", {{"start", s.start_seconds}, {"step", s.step_seconds}, {"finish", s.finish_seconds}}},
         {"limits",
          {{"n_ctx", limits.n_ctx},
           {"max_prompt_tokens", limits.max_prompt_tokens},
@@ -222,6 +229,7 @@ struct HttpServer::Impl {
           {"prefill_tokens_per_round", options.prefill_tokens_per_round},
           {"host_kv_budget_bytes", options.host_kv_budget_bytes},
           {"gpu_kv_budget_bytes", engine.gpu_kv_budget_bytes()},
+          {"pin_host_bytes", options.pin_host_bytes},
           {"header_timeout_seconds", options.header_timeout_seconds},
           {"request_timeout_seconds", options.request_timeout_seconds},
           {"max_connections", options.max_connections}}},

@@ -25,6 +25,7 @@ struct ServerOptions {
   int64_t max_new_tokens = 2048;    // ceiling for max_tokens
   int64_t host_kv_budget_bytes = 0;  // Σ host KV of active requests; 0: no limit
   int64_t prefill_tokens_per_round = 0;  // prompt tokens per scheduler round; 0: no limit (SchedulerOptions)
+  int64_t pin_host_bytes = 0;  // --device cuda: host memory pinned for the host KV tier at start, in the background
   size_t max_body_bytes = 8u << 20;  // larger bodies → 413
   double shutdown_grace_seconds = 10;  // active requests may finish for this long
   int heartbeat_ms = 250;  // SSE keep-alive comment period while no token is ready

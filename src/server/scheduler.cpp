@@ -3,10 +3,16 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "server/api_request.h"
 
 namespace kvtier::server {
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
 
 // ---- Channel ---------------------------------------------------------------
 
@@ -237,6 +243,7 @@ void Scheduler::admit(std::vector<Active>& active) {
     Job& job = ch->job_;
     std::optional<JobError> err;
     std::unique_ptr<Sequence> seq;
+    const auto t0 = std::chrono::steady_clock::now();
     try {
       seq = engine_.start(std::move(job.prompt), job.sampling, job.kv_policy);
     } catch (const LimitError& e) {
@@ -245,6 +252,10 @@ void Scheduler::admit(std::vector<Active>& active) {
       err = JobError{400, e.what(), "invalid_request_error", ""};
     } catch (const std::exception& e) {
       err = JobError{500, fmt::format("internal error while starting: {}", e.what())};
+    }
+    {
+      std::lock_guard lk(mu_);
+      stats_.start_seconds += seconds_since(t0);
     }
     if (err) {
       {
@@ -272,8 +283,10 @@ void Scheduler::finish_active(Active& a, bool cancelled_by_server) {
   Channel& ch = *a.channel;
   if (!a.sequence->finished()) a.sequence->cancel();
   GenerationResult r = a.sequence->result();
+  const auto t0 = std::chrono::steady_clock::now();
   a.sequence.reset();  // frees the sequence's KV memory now
   std::lock_guard lk(mu_);
+  stats_.finish_seconds += seconds_since(t0);
   release_budgets(a);
   if (cancelled_by_server) {
     ++stats_.n_failed;
@@ -317,7 +330,12 @@ void Scheduler::step_round(std::vector<Active>& active) {
     seqs.push_back(a.sequence.get());
     n_before.push_back(a.sequence->result().tokens.size());
   }
+  const auto t0 = std::chrono::steady_clock::now();
   const std::vector<Engine::StepResult> results = engine_.step_batch(seqs);
+  {
+    std::lock_guard lk(mu_);
+    stats_.step_seconds += seconds_since(t0);
+  }
   uint64_t n_new_tokens = 0;
   for (size_t i = 0; i < running.size(); ++i) {
     Active& a = *running[i];

@@ -138,6 +138,11 @@ struct SchedulerStats {
   uint64_t n_rejected = 0;  // refused at submit (queue full, shutting down)
   uint64_t n_rounds = 0;
   uint64_t n_tokens_generated = 0;
+  // Where the worker's time went, in seconds: starting sequences (their KV
+  // memory is allocated then), stepping them, and finishing them.
+  double start_seconds = 0;
+  double step_seconds = 0;
+  double finish_seconds = 0;
 };
 
 class Scheduler {

@@ -82,7 +82,12 @@ TEST_F(SchedulerTest, ConcurrentGreedyOutputsEqualSoloRuns) {
     EXPECT_EQ(r.finish_reason, solo[i].finish_reason);
     EXPECT_EQ(r.n_prompt_tokens, int64_t(engine_->tokenize(prompts[i], true).size()));
   }
-  EXPECT_EQ(s.stats().n_completed, 3u);
+  const SchedulerStats st = s.stats();
+  EXPECT_EQ(st.n_completed, 3u);
+  // The worker's time (/health worker_seconds): three starts, the rounds, three finishes.
+  EXPECT_GT(st.start_seconds, 0);
+  EXPECT_GT(st.step_seconds, st.start_seconds);
+  EXPECT_GT(st.finish_seconds, 0);
 }
 
 TEST_F(SchedulerTest, ActiveSequencesStepOnceEveryRound) {

@@ -1,5 +1,5 @@
 """The command line refuses nonsense with a clear message and a non-zero exit
-(-t out of range, --top-k -1, run -f DIR, an empty prompt), warns about a
+(-t out of range, --top-k -1, run -f DIR, an empty prompt, --pin-host on the CPU), warns about a
 context above the trained one, shows prefill progress on long prompts, and
 its bench/score tools neither corrupt a results file on resume nor miscount
 (duplicate ids, gold samples without a prediction)."""
@@ -33,6 +33,15 @@ def test_top_k_negative_is_a_short_clear_error():
     assert r.returncode != 0
     assert "--top-k -1" in r.stderr and len(r.stderr) < 400, r.stderr
     assert not any(len(w) > 40 and w.isdigit() for w in r.stderr.split())
+
+
+def test_pin_host_on_the_cpu_is_refused():
+    """Host memory is pinned only for --device cuda: asking for it on the CPU is an error, not a no-op."""
+    r = run("serve", "-m", TINY, "-t", "1", "--port", "0", "--pin-host", "1000000", timeout=60)
+    assert r.returncode != 0
+    assert "--pin-host 1000000" in r.stderr and "--device cuda" in r.stderr, r.stderr
+    bad = run("serve", "-m", TINY, "--pin-host", "-2", timeout=60)
+    assert bad.returncode != 0 and "--pin-host" in bad.stderr, bad.stderr
 
 
 def test_prompt_file_that_is_a_directory_or_empty(tmp_path):

@@ -150,4 +150,7 @@ def test_long_prompt_load_streams_every_request(tmp_path):
         d = json.loads(out.read_text())
         assert d["ok"] == 3 and d["failed"] == 0 and d["generated_tokens"] == 15
         assert d["health_last"]["limits"]["prefill_tokens_per_round"] == budget
+        assert d["health_last"]["limits"]["pin_host_bytes"] == 0  # the CPU's host tier is not pinned
+        assert d["health_last"]["host_pinned_bytes"] == 0
+        assert d["health_last"]["worker_seconds"]["step"] > 0
         assert d["ttft_s"]["n"] == 3 and d["itl_s"]["n"] >= 3 and d["ttft_s"]["p99"] >= d["ttft_s"]["p50"] > 0
