@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "backend/cuda_test_util.h"
@@ -101,6 +102,26 @@ TEST(CudaBackend, HostTierBuffersReuseThePinnedPool) {
     EXPECT_EQ(bad, 0u) << "block " << i;
   }
   EXPECT_THROW(dev.alloc_host(size_t(1) << 50), LimitError);
+}
+
+// pin_host pins ahead (later buffers take the pool's memory without pinning),
+// and refuses more than the machine has before pinning any of it.
+TEST(CudaBackend, PinHostPinsAheadOrRefusesAtOnce) {
+  KVT_REQUIRE_GPU();
+  Device dev(DeviceKind::cuda);
+  const int64_t before = pinned_host_stats().pinned_bytes;
+  pin_host(size_t(before) + (size_t(96) << 20));
+  const PinnedStats ahead = pinned_host_stats();
+  EXPECT_GE(ahead.pinned_bytes, before + (int64_t(96) << 20));
+  { Buffer b = dev.alloc_host(size_t(80) << 20); }
+  EXPECT_EQ(pinned_host_stats().pin_seconds, ahead.pin_seconds);
+  try {
+    pin_host(size_t(1) << 50);
+    ADD_FAILURE() << "pinning a PiB succeeded";
+  } catch (const LimitError& e) {
+    EXPECT_NE(std::string(e.what()).find("available"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(pinned_host_stats().pin_seconds, ahead.pin_seconds);  // refused before pinning
 }
 
 }  // namespace

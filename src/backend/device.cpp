@@ -6,6 +6,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <new>
 
 #include "backend/device_cuda.h"
@@ -60,12 +62,30 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
 
 PinnedStats pinned_host_stats() { return cuda_dev::pinned_stats(); }
 
+// The host memory the kernel could hand out now (MemAvailable), in bytes.
+int64_t available_host_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (f >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return int64_t(sysconf(_SC_AVPHYS_PAGES)) * int64_t(sysconf(_SC_PAGE_SIZE));
+}
+
 void pin_host(size_t bytes) {
+  // Refused before pinning anything when the machine cannot have it: pinning
+  // runs at 2-3 GB/s, and a request beyond the RAM would lock all of it first.
+  const int64_t more = int64_t(bytes) - pinned_host_stats().pinned_bytes, avail = available_host_bytes();
+  if (more > avail)
+    throw LimitError(fmt::format("host memory: pinning {:.3f} GiB more is asked for, and {:.3f} GiB are available",
+                                 double(more) / (1ull << 30), double(avail) / (1ull << 30)));
   const int64_t pinned = cuda_dev::pinned_arena().reserve(bytes);
-  if (pinned < int64_t(bytes))
-    throw LimitError(fmt::format("host memory: pinned {:.3f} of the {:.3f} GiB asked for; the machine locks no more "
-                                 "(ulimit -l, free RAM)",
+  if (pinned < int64_t(bytes)) {
+    cuda_dev::pinned_arena().trim();  // give back what no block uses
+    throw LimitError(fmt::format("host memory: pinned {:.3f} of the {:.3f} GiB asked for; the machine locks no more",
                                  double(pinned) / (1ull << 30), double(bytes) / (1ull << 30)));
+  }
 }
 
 Device::Device(DeviceKind kind) {

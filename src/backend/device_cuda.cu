@@ -68,7 +68,6 @@ void free_host(void* host) { pinned_arena().free(host); }
 
 PinnedStats pinned_stats() { return pinned_arena().stats(); }
 
-
 void create(Exec& x) {
   KVT_CHECK(cuda_device_count() > 0, "--device cuda: no CUDA device found ({})", cuda_device_summary());
   cudaStream_t a = nullptr, b = nullptr;

@@ -89,7 +89,9 @@ PinnedStats pinned_host_stats();
 // Pins `bytes` into that pool now (a server pins its host KV budget before
 // it answers, as vLLM pins its CPU swap space), so that sequences take their
 // host K/V from it instead of pinning it when they start. Throws LimitError
-// when the machine will not lock that much. Without CUDA: throws.
+// at once when more is asked than the machine has available (MemAvailable),
+// and after giving back what it pinned when the machine will not lock that
+// much. Without CUDA: throws.
 void pin_host(size_t bytes);
 
 }  // namespace kvtier
