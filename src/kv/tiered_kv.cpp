@@ -25,15 +25,19 @@ namespace {
 int64_t pad16(int64_t b) { return (b + 15) / 16 * 16; }
 int act_bytes(DeviceKind d) { return d == DeviceKind::cuda ? 2 : 4; }
 
-// Uploads a HIGGS spec's grid (its points, then their ‖c‖²/2) and signs
-// (none for other formats).
+// Where upload_tables puts a grid's ‖c‖²/2 and its cell table, in floats.
+size_t norms_at(const QuantSpec& s) { return (size_t(s.grid_size) * s.grid_dim + 3) / 4 * 4; }
+size_t cells_at(const QuantSpec& s) { return norms_at(s) + (size_t(s.grid_size) + 3) / 4 * 4; }
+
+// Uploads a HIGGS spec's grid (its points, their ‖c‖²/2, its cell table, each
+// 16-byte aligned) and signs (none for other formats).
 void upload_tables(const Device& dev, const QuantSpec& s, int dim, Buffer& grid, Buffer& signs) {
   if (s.kind != QuantKind::higgs) return;
   const HiggsGrid& g = higgs_grid(s.grid_dim, s.grid_size);
-  const size_t pts = (g.points.size() + 3) / 4 * 4;  // the norms start 16-byte aligned
-  grid = dev.alloc((pts + g.half_norm2.size()) * 4);
+  grid = dev.alloc((cells_at(s) + g.cells.size()) * 4);
   copy(dev.exec(), grid.data(), g.points.data(), g.points.size() * 4);
-  copy(dev.exec(), grid.data<float>() + pts, g.half_norm2.data(), g.half_norm2.size() * 4);
+  copy(dev.exec(), grid.data<float>() + norms_at(s), g.half_norm2.data(), g.half_norm2.size() * 4);
+  if (!g.cells.empty()) copy(dev.exec(), grid.data<float>() + cells_at(s), g.cells.data(), g.cells.size() * 4);
   if (s.random_signs) {
     const int G = resolved_group(s, dim);
     std::vector<float> sg(static_cast<size_t>(G));
@@ -44,11 +48,13 @@ void upload_tables(const Device& dev, const QuantSpec& s, int dim, Buffer& grid,
   sync(dev.exec());  // the vectors above are freed on return
 }
 
-// Where upload_tables put a grid's ‖c‖²/2.
 const float* half_norms(const QuantSpec& s, const Buffer& grid) {
   if (s.kind != QuantKind::higgs || !grid) return nullptr;
-  const size_t pts = (size_t(s.grid_size) * s.grid_dim + 3) / 4 * 4;
-  return grid.data<float>() + pts;
+  return grid.data<float>() + norms_at(s);
+}
+const uint32_t* cell_table(const QuantSpec& s, const Buffer& grid) {
+  if (s.kind != QuantKind::higgs || !grid || higgs_grid(s.grid_dim, s.grid_size).cells.empty()) return nullptr;
+  return reinterpret_cast<const uint32_t*>(grid.data<float>() + cells_at(s));
 }
 
 }  // namespace
@@ -109,6 +115,7 @@ RecordFormat TieredSeq::index_fmt() const {
   f.grid = grid_.data<float>();
   f.signs = signs_.data<float>();
   f.half_norm2 = half_norms(plan_.index_spec, grid_);
+  f.cells = cell_table(plan_.index_spec, grid_);
   return f;
 }
 
@@ -121,6 +128,7 @@ RecordFormat TieredSeq::meta_fmt() const {
   f.grid = meta_grid_.data<float>();
   f.signs = meta_signs_.data<float>();
   f.half_norm2 = half_norms(plan_.meta_spec, meta_grid_);
+  f.cells = cell_table(plan_.meta_spec, meta_grid_);
   return f;
 }
 
@@ -132,6 +140,7 @@ RecordFormat TieredSeq::host_fmt() const {
   f.grid = host_grid_.data<float>();
   f.signs = host_signs_.data<float>();
   f.half_norm2 = half_norms(plan_.host_spec, host_grid_);
+  f.cells = cell_table(plan_.host_spec, host_grid_);
   return f;
 }
 

@@ -31,6 +31,7 @@ struct RecordFormat {
   const float* grid = nullptr;   // higgs: [grid_size, grid_dim] f32
   const float* signs = nullptr;  // higgs with random signs: [group] ±1 f32
   const float* half_norm2 = nullptr;  // higgs, optional: [grid_size] ‖c‖²/2 (speeds the device quantizer)
+  const uint32_t* cells = nullptr;    // higgs with d = 2, optional: HiggsGrid::cells (higgs_cells.h), device memory
 };
 
 // ---- resident tokens: slots [0, sink) hold tokens [0, sink); slot sink + t % ring

@@ -3,7 +3,8 @@
 // tables, so one launch writes a whole batch and a captured graph replays it.
 //  * planar higgs2 index (head_dim 128, per token): one warp per (token, KV
 //    head); lane l owns values 4l..4l+3, the Hadamard of 128 runs across the
-//    warp; norm and nearest point in f64 like the CPU quantizer.
+//    warp; the norm in f64, the nearest point by f32 scores, like the CPU's
+//    fast path (the rotation rounds in another order: a code may differ).
 //  * bf16 / FP8 host entries: one thread per 8 values, 16-byte loads, stored
 //    straight through the pinned memory's mapped address.
 //  * HIGGS host records: a block per (token, record), a warp each for K
@@ -174,9 +175,13 @@ constexpr int kWarpsPerBlock = 4;
 __global__ void planar_index_kernel(IndexWriteParams p, const __nv_bfloat16* __restrict__ k,
                                     const int64_t* __restrict__ pos0, uint8_t* const* __restrict__ codes_rows,
                                     uint8_t* const* __restrict__ scale_rows, const float* __restrict__ grid,
-                                    const float* __restrict__ signs) {
+                                    const float* __restrict__ half_norm2, const float* __restrict__ signs) {
   __shared__ float4 pts[256];
-  for (int i = threadIdx.x; i < 256; i += blockDim.x) pts[i] = reinterpret_cast<const float4*>(grid)[i];
+  __shared__ float hn[256];
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+    pts[i] = reinterpret_cast<const float4*>(grid)[i];
+    hn[i] = half_norm2 ? half_norm2[i] : qdev::half_norm2_of(grid + 4 * i, 4);
+  }
   __syncthreads();
   const int64_t w = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (w >= int64_t(p.n_seq) * p.n_new * p.n_kv_head) return;
@@ -198,16 +203,19 @@ __global__ void planar_index_kernel(IndexWriteParams p, const __nv_bfloat16* __r
   const float inv_sqrt = 0.08838834764831845f;  // 1/√128
   const __nv_bfloat16 sigma_h = __float2bfloat16_rn(float(sqrt(n2 / 128.0)));
   const float sigma = __bfloat162float(sigma_h);
-  double u[4];
-  for (int i = 0; i < 4; ++i) u[i] = sigma > 0 ? double(x[i] * inv_sqrt / sigma) : 0.0;
-  int best = 0;
-  double best_d = 1e300;
+  float u[4];
+  for (int i = 0; i < 4; ++i) u[i] = sigma > 0 ? x[i] * inv_sqrt / sigma : 0.f;
+  int best = 0;  // the first largest u·c − ‖c‖²/2, in f32 (the CPU's fast search)
+  float best_s = -INFINITY;
   for (int cc = 0; cc < 256; ++cc) {
     const float4 g = pts[cc];
-    const double e0 = u[0] - g.x, e1 = u[1] - g.y, e2 = u[2] - g.z, e3 = u[3] - g.w;
-    const double dist = e0 * e0 + e1 * e1 + e2 * e2 + e3 * e3;
-    if (dist < best_d) {
-      best_d = dist;
+    float s = -hn[cc];
+    s = __fmaf_rn(u[0], g.x, s);
+    s = __fmaf_rn(u[1], g.y, s);
+    s = __fmaf_rn(u[2], g.z, s);
+    s = __fmaf_rn(u[3], g.w, s);
+    if (s > best_s) {
+      best_s = s;
       best = cc;
     }
   }
@@ -366,7 +374,7 @@ void index_write(const Exec& x, const IndexWriteParams& p, const void* k, const 
     const int64_t n = int64_t(p.n_seq) * p.n_new * p.n_kv_head;
     if (n == 0) return;
     planar_index_kernel<<<unsigned((n + kWarpsPerBlock - 1) / kWarpsPerBlock), 32 * kWarpsPerBlock, 0, st(x)>>>(
-        p, kin, pos0, plane0, plane1, p.fmt.grid, p.fmt.signs);
+        p, kin, pos0, plane0, plane1, p.fmt.grid, p.fmt.half_norm2, p.fmt.signs);
     KVT_CUDA_LAUNCH_CHECK("planar_index_kernel");
     return;
   }

@@ -1,5 +1,6 @@
 // Fast HIGGS: FWHT instead of the O(G²) matrix, an AVX2 nearest-point search
-// (argmax_c u·c − ‖c‖²/2 over 8 grid points per instruction), and scoring in
+// (argmax_c u·c − ‖c‖²/2 over 8 grid points per instruction; for 2-D grids
+// over the few points of u's cell, higgs_cells.h), and scoring in
 // the rotated domain: the Hadamard is orthonormal, so
 //   q · x̂ = Σ_g σ_g · (H(s ⊙ q_g)) · grid[code_g],
 // and with many records per query the inner products q'_p · grid_c are
@@ -12,6 +13,7 @@
 #include "ops/quant/hadamard.h"
 #include "ops/quant/higgs_grid.h"
 #include "ops/quant/higgs_quant.h"
+#include "ops/quant/quant_dev_higgs.cuh"
 #include "ops/quant/quant_cpu_detail.h"
 #include "ops/quant/quant_layout.h"
 #include "ops/quant/quant_scalar.h"
@@ -23,6 +25,13 @@ using namespace quant_layout;
 // Nearest grid point to u [d]: the largest u·c − ‖c‖²/2, lowest index on ties.
 int nearest_point_fast(const HiggsGrid& grid, const float* u) {
   const int n = grid.size, d = grid.dim;
+  if (!grid.cells.empty()) {  // d = 2: the few points of u's cell (higgs_cells.h), the device's search
+    DevFormat f;
+    f.grid_dim = 2, f.grid_size = n;
+    f.grid = grid.points.data(), f.half_norm2 = grid.half_norm2.data(), f.cells = grid.cells.data();
+    const int c = qdev::nearest_in_cell(f, u);
+    if (c >= 0) return c;
+  }
   if (n % 8 != 0) {
     int best = 0;
     float best_s = -INFINITY;

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "core/status.h"
+#include "ops/quant/higgs_cells.h"
 
 namespace kvtier {
 namespace {
@@ -180,6 +181,7 @@ const HiggsGrid& higgs_grid(int d, int n) {
       slot = std::make_unique<HiggsGrid>(
           finish_grid(d, n, make_gaussian_grid(d, n, kLloydSeed), fmt::format("lloyd{}-{}", d, n)));
     }
+    slot->cells = make_higgs_cells(slot->points.data(), slot->half_norm2.data(), n, d);
   }
   return *slot;
 }

@@ -24,6 +24,7 @@ struct HiggsGrid {
   std::vector<float> points;      // [size, dim] f32
   std::vector<float> points_t;    // [dim, size] f32 (transposed, for SIMD search)
   std::vector<float> half_norm2;  // [size] f32: ‖c‖²/2, for argmax_c (u·c − ‖c‖²/2)
+  std::vector<uint32_t> cells;    // d = 2: the search's bucket table (higgs_cells.h); else empty
   std::string source;             // "EDEN4-256" or "lloyd4-100"
 };
 

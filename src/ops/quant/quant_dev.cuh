@@ -252,6 +252,10 @@ __device__ inline void dev_quantize_warp(const DevFormat& f, const float* x, uin
     for (int p0 = 0; p0 < f.n_code; p0 += 32) {  // lane l searches sub-vector p0 + l; lane 0 packs in order
       const int p = p0 + int(lane);
       const uint32_t c = p < f.n_code ? uint32_t(nearest(f, u + p * d)) : 0u;
+      if (f.code_bits == 8) {  // a code per byte: each lane stores its own
+        if (p < f.n_code) rec[int64_t(g) * f.code_bytes + p] = uint8_t(c);
+        continue;
+      }
       for (int k = 0; k < 32 && p0 + k < f.n_code; ++k) {
         const uint32_t ck = __shfl_sync(kAll, c, k);
         if (lane == 0) codes.put(ck, f.code_bits);

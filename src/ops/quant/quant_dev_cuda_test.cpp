@@ -75,8 +75,13 @@ class GpuRunner : public Runner {
         r.grid = custom_.back().data<float>();
       } else {
         auto key = std::make_pair(s.grid_dim, s.grid_size);
-        if (!grids_.count(key)) grids_.emplace(key, to_device(higgs_grid(s.grid_dim, s.grid_size).points));
+        const HiggsGrid& hg = higgs_grid(s.grid_dim, s.grid_size);
+        if (!grids_.count(key)) grids_.emplace(key, to_device(hg.points));
         r.grid = grids_.at(key).data<float>();
+        if (!hg.cells.empty()) {  // d = 2: the search by cells
+          if (!cells_.count(key)) cells_.emplace(key, to_device(hg.cells));
+          r.cells = cells_.at(key).data<uint32_t>();
+        }
       }
       if (s.random_signs) {
         const int G = resolved_group(s, dim);
@@ -142,6 +147,7 @@ class GpuRunner : public Runner {
 
  private:
   std::map<std::pair<int, int>, DeviceBuffer> grids_;
+  std::map<std::pair<int, int>, DeviceBuffer> cells_;
   std::vector<DeviceBuffer> signs_, custom_;
 };
 

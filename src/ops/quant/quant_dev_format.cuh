@@ -41,6 +41,8 @@ struct DevFormat {
   const float* half_norm2 = nullptr;  // higgs, optional: [grid_size] f32 ‖c‖²/2 (HiggsGrid::half_norm2 uploaded,
                                       // or dev_stage_grid); null: computed per point (f64, slower)
   float hadamard_scale = 1.f;         // higgs: f32(1/√G), as hadamard_transform computes it
+  const uint32_t* cells = nullptr;    // higgs with d = 2, optional: the search's bucket table (higgs_cells.h);
+                                      // null: every point is scored
 };
 
 namespace qdev {
@@ -108,6 +110,7 @@ inline DevFormat make_dev_format(const RecordFormat& r, float tensor_scale) {
     f.grid = r.grid;
     f.signs = s.random_signs ? r.signs : nullptr;
     f.half_norm2 = r.half_norm2;
+    f.cells = s.grid_dim == 2 ? r.cells : nullptr;
     f.hadamard_scale = 1.0f / std::sqrt(float(f.group));
   }
   return f;

@@ -50,9 +50,41 @@ KVT_QD void fwht(float* x, int n, float scale) {
   for (int i = 0; i < n; ++i) x[i] = f_mul(x[i], scale);
 }
 
+// The nearest point to u [2] among the candidates of u's cell (higgs_cells.h),
+// in nearest_fixed's order and arithmetic: its answer; −1 when u is outside
+// the table's square (or NaN).
+KVT_QD int nearest_in_cell(const DevFormat& f, const float* u) {
+  const uint32_t* w = f.cells;
+  const int side = int(w[0]);
+  const float lo = bits_f32(w[1]), inv = bits_f32(w[2]);
+  const float fx = f_mul(f_sub(u[0], lo), inv), fy = f_mul(f_sub(u[1], lo), inv);
+  if (!(fx >= 0.f && fx < float(side) && fy >= 0.f && fy < float(side))) return -1;
+  const uint32_t* first = w + 4;  // kCellsHeaderWords
+  const uint32_t* cand = first + side * side + 1;
+  const int cell = int(fy) * side + int(fx);
+  int best = 0;
+  float best_s = -INFINITY;
+  for (uint32_t i = first[cell], end = first[cell + 1]; i < end; ++i) {
+    const int c = int(cand[i]);
+    float pc[2];
+    load_point<2>(f.grid + 2 * c, pc);
+    float s = -(f.half_norm2 ? f.half_norm2[c] : half_norm2_of(pc, 2));
+    s = f_fma(u[0], pc[0], s);
+    s = f_fma(u[1], pc[1], s);
+    if (s > best_s) best_s = s, best = c;
+  }
+  return best;
+}
+
 // Nearest grid point to u [D]: the first c with the largest −‖c‖²/2 + Σ_k u_k·c_k.
 template <int D>
 KVT_QD int nearest_fixed(const DevFormat& f, const float* u) {
+  if constexpr (D == 2) {
+    if (f.cells) {
+      const int c = nearest_in_cell(f, u);
+      if (c >= 0) return c;
+    }
+  }
   float uu[D];
   for (int k = 0; k < D; ++k) uu[k] = u[k];
   int best = 0;

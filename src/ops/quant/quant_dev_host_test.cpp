@@ -6,11 +6,15 @@
 // the header is an explicit FMA.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstring>
 #include <deque>
 #include <vector>
 
 #include "ops/quant/hadamard.h"
+#include "ops/quant/higgs_cells.h"
 #include "ops/quant/higgs_grid.h"
 #include "ops/quant/quant_dev.cuh"
 #include "ops/quant/quant_dev_check.h"
@@ -31,6 +35,8 @@ class HostRunner : public Runner {
     r.bytes = int64_t(bytes_per_vector(s, dim));
     if (s.kind == QuantKind::higgs) {
       r.grid = grid ? keep_.emplace_back(*grid).data() : higgs_grid(s.grid_dim, s.grid_size).points.data();
+      if (!grid && !higgs_grid(s.grid_dim, s.grid_size).cells.empty())
+        r.cells = higgs_grid(s.grid_dim, s.grid_size).cells.data();  // d = 2: the search by cells
       if (s.random_signs) {
         const int G = resolved_group(s, dim);
         std::vector<float>& sg = keep_.emplace_back(size_t(G));
@@ -123,6 +129,80 @@ INSTANTIATE_TEST_SUITE_P(Families, QuantDevHost, ::testing::ValuesIn(case_famili
 TEST(QuantDevHost, TiesGoToTheLowestIndex) {
   HostRunner run;
   check_tie_rule(run);
+}
+
+// The search by cells (higgs_cells.h) picks the point the full search
+// picks: random u in and beyond the square, and the hard cases: u on cell
+// edges and corners, halfway between two points (a tie, up to rounding) and
+// a step to either side, on the points, at 0, and NaN.
+TEST(QuantDevHost, CellSearchEqualsTheFullSearch) {
+  for (const auto [n, want_side] : {std::pair{256, 64}, {64, 32}, {16, 16}, {100, 40}}) {
+    const HiggsGrid& g = higgs_grid(2, n);
+    ASSERT_FALSE(g.cells.empty()) << n;
+    ASSERT_EQ(int(g.cells[0]), want_side) << n;
+    DevFormat full;
+    full.kind = qdev::kHiggs;
+    full.grid_dim = 2;
+    full.grid_size = n;
+    full.grid = g.points.data();
+    full.half_norm2 = g.half_norm2.data();
+    DevFormat cells = full;
+    cells.cells = g.cells.data();
+    std::vector<float> us;
+    auto add = [&](float a, float b) { us.push_back(a), us.push_back(b); };
+    std::vector<float> z(2 * 200000);
+    gaussian_fill(z.data(), int64_t(z.size()), 0x5eed + n);
+    for (size_t i = 0; i < z.size(); i += 2) {
+      const float s = i % 6 == 0 ? 3.f : 1.f;  // a third far out: beyond the square too
+      add(s * z[i], s * z[i + 1]);
+    }
+    const int side = int(g.cells[0]);
+    const float lo = std::bit_cast<float>(g.cells[1]), inv = std::bit_cast<float>(g.cells[2]);
+    for (int k = 0; k <= side; ++k) {  // edges and corners, and a step either side
+      const float e = lo + float(k) / inv;
+      for (int j = 0; j < 40; ++j) {
+        add(e, z[size_t(j)]), add(z[size_t(j)], e);
+        add(std::nextafter(e, -INFINITY), z[size_t(j + 1)]), add(z[size_t(j + 1)], std::nextafter(e, INFINITY));
+      }
+      for (int m = 0; m <= side; m += 7) add(e, lo + float(m) / inv);
+    }
+    for (int a = 0; a < n; ++a) {
+      add(g.points[size_t(2 * a)], g.points[size_t(2 * a + 1)]);
+      for (int b = a + 1; b < n; ++b) {  // halfway between neighbours: the hardest ties
+        const float mx = 0.5f * (g.points[size_t(2 * a)] + g.points[size_t(2 * b)]);
+        const float my = 0.5f * (g.points[size_t(2 * a + 1)] + g.points[size_t(2 * b + 1)]);
+        const float dx = g.points[size_t(2 * a)] - g.points[size_t(2 * b)];
+        const float dy = g.points[size_t(2 * a + 1)] - g.points[size_t(2 * b + 1)];
+        if (dx * dx + dy * dy > 1.0f) continue;
+        add(mx, my);
+        add(std::nextafter(mx, INFINITY), my), add(mx, std::nextafter(my, -INFINITY));
+      }
+    }
+    add(0.f, 0.f), add(NAN, 0.f), add(0.f, INFINITY);
+    int64_t differ = 0;
+    for (size_t i = 0; i < us.size(); i += 2)
+      differ += qdev::nearest(cells, us.data() + i) != qdev::nearest(full, us.data() + i);
+    EXPECT_EQ(differ, 0) << "EDEN2-" << n << ": " << differ << " of " << us.size() / 2 << " points";
+  }
+}
+
+// The tables: empty for other dimensions; every cell lists a point, and few.
+TEST(QuantDevHost, CellTablesAreSmall) {
+  EXPECT_TRUE(higgs_grid(4, 256).cells.empty());
+  EXPECT_TRUE(higgs_grid(1, 8).cells.empty());
+  const HiggsGrid& g = higgs_grid(2, 256);
+  const int side = int(g.cells[0]);
+  const uint32_t* first = g.cells.data() + kCellsHeaderWords;
+  const uint32_t n_cand = g.cells[3];
+  ASSERT_EQ(g.cells.size(), size_t(kCellsHeaderWords) + size_t(side) * side + 1 + n_cand);
+  uint32_t most = 0;
+  for (int c = 0; c < side * side; ++c) {
+    ASSERT_LT(first[c], first[c + 1]) << "cell " << c << " lists no point";
+    most = std::max(most, first[c + 1] - first[c]);
+  }
+  EXPECT_EQ(first[side * side], n_cand);
+  EXPECT_LE(most, 12u);                       // of 256 points
+  EXPECT_LT(n_cand, uint32_t(3 * side * side));  // under 3 a cell on average
 }
 
 // make_dev_format refuses a record that does not fit (the message names spec and sizes).
