@@ -191,7 +191,12 @@ bool Sequence::step(std::string* piece) {
       }
     }
     s.n_past = n;
+    // Freeing the prompt's working buffers and setting up the decode caches:
+    // part of the time to the first token, timed as a prefill stage.
+    const Exec& x = s.engine->device().exec();
+    stage(x, "prefill_finish");
     s.kv->start_decode();
+    stage_stop(x);
     s.prefilled = true;
     s.result.prefill_seconds += seconds_since(t0);
     t0 = Clock::now();
