@@ -15,9 +15,10 @@
 //
 // Packed as 32-bit words, the form the device reads (quant_dev_higgs.cuh):
 //   [0] n_side  [1] lo (f32 bits)  [2] 1/cell (f32 bits)  [3] candidates
-//   [4, 4 + n_side² + 1) the first candidate of each cell (row-major: the
-//   cell of u is ⌊(u₁ − lo)/cell⌋·n_side + ⌊(u₀ − lo)/cell⌋), then the end
-//   then the candidates' point indices.
+//   [4, 4 + n_side² + 1) where each cell's candidates start, in row-major
+//   cell order (the cell of u is ⌊(u₁ − lo)/cell⌋·n_side + ⌊(u₀ − lo)/cell⌋),
+//   and one more word, where the last cell's candidates end; then the candidates'
+//   point indices, cell after cell.
 #pragma once
 #include <cstdint>
 #include <vector>
