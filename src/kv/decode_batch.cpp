@@ -125,6 +125,8 @@ void DecodeBatch::build_tables() {
   ensure(qidx_, size_t(R) * n_q * g.head_dim * 4);
   ensure(scores_, size_t(R) * n_q * score_stride_ * 4);
   if (n_q > 1) ensure(agg_, size_t(R) * score_stride_ * 4);
+  if (plan_.index == IndexLayout::residual)
+    ensure(meta_scores_, size_t(R) * n_q * size_t(residual_meta_stride(score_stride_, plan_.unit / plan_.chunk)) * 4);
   ensure(chunks_, size_t(R) * kmax_chunk_ * 4);
   ensure(toks_, size_t(R) * kmax_tok_ * 4);
   ensure(res_list_, size_t(R) * n_res_slots_ * 4);

@@ -88,7 +88,7 @@ class DecodeBatch {
   std::vector<uint8_t> host_state_;
   Buffer stage_;                      // host staging of pos0 (pinned on CUDA, so a graph can replay the copy)
   Buffer forced_;                     // [layers][rows][n_out] int32
-  Buffer qidx_, scores_, agg_, chunks_, toks_, res_list_, slot_of_, part_out_, part_lse_, fetch_scratch_;
+  Buffer qidx_, scores_, agg_, meta_scores_, chunks_, toks_, res_list_, slot_of_, part_out_, part_lse_, fetch_scratch_;
   std::vector<const uint8_t*> cpu_view_rows_;
   std::vector<const uint8_t*> cpu_res_rows_;
   const int32_t* last_sel_ = nullptr;

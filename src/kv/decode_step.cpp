@@ -48,8 +48,9 @@ void decode_step(DecodeBatch& b, int layer, const void* q, float scale, void* ou
   sp.seq_scales = b.index_scales(layer);
   sp.candidates_only = !per_query;
   float* cand = per_query ? b.agg_.data<float>() : b.scores_.data<float>();
-  // The planar scorer also sums each query's softmax as it goes (on CUDA).
-  const bool fused = per_query && x.cuda() && sp.layout == IndexRecLayout::planar_higgs2;
+  if (sp.layout == IndexRecLayout::residual) sp.meta_scratch = b.meta_scores_.data<float>();
+  // The planar and byte-table scorers also sum each query's softmax as they go (on CUDA).
+  const bool fused = per_query && x.cuda() && score_rows_leaves_partials(sp);
   if (fused) sp.gqa_scratch = b.gqa_scratch_.data();
   score_rows(x, sp, b.qidx_.data<float>(), t.plane0, t.plane1, ranges, b.scores_.data<float>());
   if (per_query)

@@ -1,6 +1,7 @@
 // index_rows.h's dispatchers: the one place that picks the CPU or CUDA version.
 #include "core/status.h"
 #include "ops/index_score/index_rows.h"
+#include "ops/quant/quant_layout.h"
 #ifdef KVT_CUDA
 #include "ops/index_score/index_rows_cuda.h"
 #endif
@@ -14,6 +15,46 @@ std::atomic<int64_t> g_cpu_calls{0};
 }  // namespace
 int64_t cpu_decode_op_calls() { return g_cpu_calls.load(); }
 void note_cpu_decode_op() { g_cpu_calls.fetch_add(1, std::memory_order_relaxed); }
+
+LutShape lut_shape(const QuantSpec& fmt, int dim) {
+  LutShape s;
+  const bool higgs = fmt.kind == QuantKind::higgs;
+  if (!(higgs || fmt.kind == QuantKind::uniform || fmt.kind == QuantKind::binary) || dim < 1 || dim > 256) return s;
+  const quant_layout::Grouped l = quant_layout::grouped_layout(fmt, dim);
+  const bool whole_bytes = (l.bits == 1 || l.bits == 2 || l.bits == 4 || l.bits == 8) &&
+                           int64_t(l.n_code) * l.bits == 8 * int64_t(l.code_bytes);
+  const int64_t bytes = int64_t(bytes_per_vector(fmt, dim));
+  if (!whole_bytes || bytes > 160) return s;
+  s.n_pos = l.n_group * int(l.code_bytes);
+  s.dim = dim;
+  s.n_group = l.n_group;
+  s.grid_floats = higgs ? fmt.grid_size * fmt.grid_dim : 0;
+  s.rec_bytes = bytes;
+  return s;
+}
+
+int lut_queries_per_pass(const QuantSpec& fmt, int dim) {
+  const LutShape s = lut_shape(fmt, dim);
+  if (s.n_pos == 0) return 0;
+  for (int nq : {4, 2, 1})
+    if (lut_smem(s, nq).floats * 4 <= kLutMaxSmem) return nq;
+  return 0;
+}
+
+bool score_rows_by_table(const ScoreRowsParams& p) {
+  switch (p.layout) {
+    case IndexRecLayout::planar_higgs2: return false;
+    case IndexRecLayout::records: return lut_queries_per_pass(p.fmt.spec, p.head_dim) > 0;
+    case IndexRecLayout::residual:
+      return p.meta_scratch && lut_queries_per_pass(p.fmt.spec, p.head_dim) > 0 &&
+             lut_queries_per_pass(p.meta.spec, p.head_dim) > 0;
+  }
+  return false;
+}
+
+bool score_rows_leaves_partials(const ScoreRowsParams& p) {
+  return p.n_q > 1 && (p.layout == IndexRecLayout::planar_higgs2 || score_rows_by_table(p));
+}
 
 void step_plan_rows(const Exec& x, const StepPlanParams& p, const int64_t* n, const int32_t* budget_chunks, const int32_t* n_outlier, StepRanges* out) {
 #ifdef KVT_CUDA

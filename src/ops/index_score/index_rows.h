@@ -79,13 +79,62 @@ struct ScoreRowsParams {
   // (gqa_rows_scratch_bytes), so that gqa_rows with partials_ready skips its
   // pass over the scores. Ignored elsewhere.
   void* gqa_scratch = nullptr;
+  // CUDA, residual layout: [rows, n_q, residual_meta_stride(out_stride, m)]
+  // f32 where the meta-landmarks are scored once each (then added to their m
+  // chunks' residual scores), which lets both run on the byte-table scorer
+  // below. Null: one thread per chunk decodes its meta record and residual.
+  float* meta_scratch = nullptr;
 };
+constexpr int64_t residual_meta_stride(int64_t out_stride, int m) { return out_stride / (m > 0 ? m : 1) + 2; }
 // q: [rows, n_q, head_dim] f32 (index_query_rows); plane0/plane1 as index_write;
 // scores: [rows, n_q, out_stride] f32
 void score_rows(const Exec& x, const ScoreRowsParams& p, const float* q, const uint8_t* const* plane0,
                 const uint8_t* const* plane1, const StepRanges* ranges, float* scores);
 void score_rows_cpu(const ScoreRowsParams& p, const float* q, const uint8_t* const* plane0,
                     const uint8_t* const* plane1, const StepRanges* ranges, float* scores);
+
+// CUDA's byte-table scorer (score_lut_cuda.cu), for records whose codes fill
+// whole bytes in every group: HIGGS with 2-, 4-, 16- or 256-point grids
+// (higgs4, higgs2, higgs1, higgs0.5), 1bit, and int1/2/4/8 whose groups fill
+// bytes. Each block builds, for every code-byte position of a record and
+// every byte value, the dot product of its queries with the values that byte
+// stands for (the rotated query for HIGGS; Σ code·q for uniform/1bit, whose
+// min·Σq is added per group), so a record scores in one shared-memory read
+// per code byte, like the planar higgs2 kernel. A warp copies its 32
+// records' bytes to shared memory with coalesced 4-byte loads first.
+struct LutShape {
+  int n_pos = 0;         // code bytes per record (0: the format does not qualify)
+  int dim = 0, n_group = 0;
+  int grid_floats = 0;   // HIGGS: the grid, staged in shared memory
+  int64_t rec_bytes = 0;
+};
+constexpr int kLutThreads = 512;  // a large table leaves one block per SM: many warps hide its latency
+constexpr int64_t kLutMaxSmem = 226 * 1024;  // an H100/H200 block's 227 KB, less 1 KB for static shared memory
+struct LutSmem {  // offsets and sizes in floats
+  int64_t lut = 0, qs = 0, qsum = 0, grid = 0, stage = 0, stage_words = 0, floats = 0;
+};
+constexpr LutSmem lut_smem(const LutShape& s, int nq) {
+  auto pad4 = [](int64_t v) { return (v + 3) & ~int64_t(3); };
+  LutSmem m;
+  m.lut = 0;
+  m.qs = int64_t(256) * s.n_pos * nq;
+  m.qsum = m.qs + pad4(int64_t(nq) * s.dim);
+  m.grid = m.qsum + pad4(int64_t(nq) * s.n_group);
+  m.stage = m.grid + pad4(s.grid_floats);
+  m.stage_words = (32 * s.rec_bytes + 3) / 4 + 2;  // 32 records from any byte offset
+  m.floats = m.stage + (kLutThreads / 32) * m.stage_words;
+  return m;
+}
+LutShape lut_shape(const QuantSpec& fmt, int dim);
+// Queries per pass of that scorer: 4, 2 or 1, as many as its table lets
+// fit in an SM's shared memory; 0 when fmt does not qualify.
+int lut_queries_per_pass(const QuantSpec& fmt, int dim);
+// Whether CUDA's score_rows scores p's records (or residual landmarks, given
+// meta_scratch) by that scorer.
+bool score_rows_by_table(const ScoreRowsParams& p);
+// Whether CUDA's score_rows, given p, also leaves gqa_rows' softmax partials
+// in p.gqa_scratch (the planar and byte-table scorers do; the others ignore it).
+bool score_rows_leaves_partials(const ScoreRowsParams& p);
 
 // raw: [rows, n_q, in_stride] scores over [0, n_chunk) → out: [rows, out_stride],
 // out[i] = max_j (raw_j[c_lo + i] − lse_j) for i < c_hi − c_lo.

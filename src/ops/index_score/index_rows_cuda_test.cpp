@@ -76,6 +76,8 @@ struct ScoreCase {
   int head_dim = 128;
   int n_q = 1;
   bool candidates_only = true;
+  bool by_table = false;      // must run on the byte-table scorer (score_lut_cuda.cu)
+  bool meta_scratch = true;   // residual: give the meta scratch (else the thread-per-chunk kernel)
 };
 
 class ScoreRowsCuda : public ::testing::TestWithParam<ScoreCase> {};
@@ -196,6 +198,12 @@ TEST_P(ScoreRowsCuda, MatchesTheCpuQuantizersScores) {
   auto d_q = to_device(q_gpu);
   cuda::DeviceBuffer d_s(want.size() * 4);
   poison(d_s);
+  cuda::DeviceBuffer d_meta(size_t(rows) * n_q * size_t(residual_meta_stride(stride, p.m)) * 4);
+  if (residual && c.meta_scratch) {
+    poison(d_meta);
+    p.meta_scratch = d_meta.data<float>();
+  }
+  if (c.by_table) EXPECT_TRUE(score_rows_by_table(p)) << spec;
   score_rows(x, p, d_q.data<float>(), p0.d(), p1.d(), d_ranges.data<StepRanges>(), d_s.data<float>());
   sync(x);
   const auto got = to_host<float>(d_s, want.size());
@@ -211,8 +219,8 @@ TEST_P(ScoreRowsCuda, MatchesTheCpuQuantizersScores) {
       }
   }
   EXPECT_LT(worst, 2e-5) << spec;
-  if (!planar || n_q == 1 || c.candidates_only) return;
-  // The planar scorer's softmax partials (ScoreRowsParams::gqa_scratch) give
+  if (!score_rows_leaves_partials(p) || c.candidates_only) return;
+  // The planar and byte-table scorers' softmax partials (ScoreRowsParams::gqa_scratch) give
   // gqa_rows the GQA aggregate of the CPU's scores without its own pass.
   std::vector<float> agg_c(size_t(rows) * stride, 0.f);
   GqaRowsParams gp{n_seq, H, n_q, stride, stride};
@@ -242,7 +250,22 @@ INSTANTIATE_TEST_SUITE_P(
                       ScoreCase{"bf16", 256}, ScoreCase{"fp8", 64}, ScoreCase{"higgs1:rs"},
                       ScoreCase{"higgs2:g64"}, ScoreCase{"higgs0.5", 64}, ScoreCase{"int3:g16", 128, 2, false},
                       ScoreCase{"1bit"}, ScoreCase{"fp8s"}, ScoreCase{"nvfp4"}, ScoreCase{"higgs2", 256},
-                      ScoreCase{"residual"}, ScoreCase{"residual", 128, 2, false}));
+                      ScoreCase{"residual"}, ScoreCase{"residual", 128, 2, false},
+                      ScoreCase{"residual", 128, 4, false, false, false}));
+
+// The byte-table scorer: every format family it takes, head_dim 64 to 256,
+// query counts that split into passes of 4, 2 and 1, and with gqa=shadowkv's
+// per-query scores its softmax partials (checked through gqa_rows).
+INSTANTIATE_TEST_SUITE_P(
+    ByteTable, ScoreRowsCuda,
+    ::testing::Values(ScoreCase{"higgs1", 128, 4, false, true}, ScoreCase{"higgs1", 64, 1, true, true},
+                      ScoreCase{"higgs1:g64:rs", 256, 7, false, true}, ScoreCase{"higgs4", 128, 4, false, true},
+                      ScoreCase{"higgs2:g32", 128, 3, false, true}, ScoreCase{"higgs0.5", 128, 2, false, true},
+                      ScoreCase{"1bit", 128, 4, false, true}, ScoreCase{"1bit:g32", 64, 1, true, true},
+                      ScoreCase{"int2:g32", 128, 4, false, true}, ScoreCase{"int4", 256, 1, true, true},
+                      ScoreCase{"int8", 128, 2, false, true}, ScoreCase{"int1:g16", 128, 4, false, true},
+                      ScoreCase{"residual", 128, 4, false, true}, ScoreCase{"residual", 64, 1, true, true},
+                      ScoreCase{"residual", 256, 2, false, true}));
 
 TEST(IndexRowsCuda, GqaMaskTopkExpandAndResidentListMatchCpu) {
   KVT_REQUIRE_GPU();

@@ -150,5 +150,46 @@ TEST(TopkRowsCpu, EqualsTheReferenceOnEveryKindOfRow) {
   }
 }
 
+// Which records CUDA's byte-table scorer takes, and how many queries its
+// table holds per pass (the dispatch of score_rows rests on these).
+TEST(ScoreRowsTable, TakesFormatsWhoseCodesFillBytes) {
+  struct Case {
+    const char* spec;
+    int dim, nq;
+  };
+  for (const Case& c : {Case{"higgs1", 128, 4}, Case{"higgs1:g64:rs", 256, 4}, Case{"higgs4", 128, 2},
+                        Case{"higgs4", 256, 1}, Case{"higgs2:g32", 128, 4}, Case{"higgs0.5", 128, 4},
+                        Case{"1bit", 128, 4}, Case{"int2:g32", 128, 4}, Case{"int4", 128, 2}, Case{"int8", 128, 1},
+                        Case{"int1:g16", 64, 4},
+                        // codes that straddle bytes, records over 160 bytes, dense formats: not taken
+                        Case{"higgs3", 128, 0}, Case{"int3:g16", 128, 0}, Case{"int4:g4", 128, 0},
+                        Case{"int8", 256, 0}, Case{"bf16", 128, 0}, Case{"fp8", 128, 0}, Case{"nvfp4", 128, 0},
+                        Case{"higgs:EDEN2-64:g128", 128, 0}, Case{"int2:g3", 96, 0}}) {
+    SCOPED_TRACE(std::string(c.spec) + " dim " + std::to_string(c.dim));
+    EXPECT_EQ(lut_queries_per_pass(parse_quant_spec(c.spec), c.dim), c.nq);
+  }
+  ScoreRowsParams p;
+  p.head_dim = 128;
+  p.n_q = 4;
+  p.fmt.spec = parse_quant_spec("higgs1");
+  EXPECT_TRUE(score_rows_by_table(p));
+  EXPECT_TRUE(score_rows_leaves_partials(p));
+  p.n_q = 1;
+  EXPECT_FALSE(score_rows_leaves_partials(p));  // partials are gqa=shadowkv's, per query
+  p.n_q = 4;
+  p.layout = IndexRecLayout::residual;
+  p.fmt.spec = parse_quant_spec("1bit");
+  p.meta.spec = parse_quant_spec("higgs4");
+  EXPECT_FALSE(score_rows_by_table(p));  // the meta scores need their scratch
+  float scratch = 0;
+  p.meta_scratch = &scratch;
+  EXPECT_TRUE(score_rows_by_table(p));
+  p.meta.spec = parse_quant_spec("higgs3");
+  EXPECT_FALSE(score_rows_by_table(p));
+  p.layout = IndexRecLayout::planar_higgs2;
+  EXPECT_FALSE(score_rows_by_table(p));
+  EXPECT_TRUE(score_rows_leaves_partials(p));
+}
+
 }  // namespace
 }  // namespace kvtier

@@ -11,6 +11,9 @@
 //    quantization's asymmetric distance); a lane
 //    owns a token and reads its 32 code bytes with two 16-byte loads; at step s
 //    lane l reads group j = s ^ l, so a warp hits 32 different banks.
+//  * records whose codes fill whole bytes (higgs4/2/1/0.5, 1bit, int1/2/4/8)
+//    and residual landmarks of them: the byte-table kernel of
+//    score_lut_cuda.cu, the same idea over any such format;
 //  * dense bf16 / fp8 records (ShadowKV's chunk means, exact keys): lanes of a
 //    group each own 16 bytes of a record and reduce by shuffles.
 //  * any other record format: a thread per record, decoding it with the
@@ -20,6 +23,7 @@
 
 #include "backend/cuda_backend.h"
 #include "ops/index_score/index_rows_cuda.h"
+#include "ops/index_score/score_rows_cuda.cuh"
 #include "ops/quant/quant_dev.cuh"
 
 namespace kvtier::cuda {
@@ -27,52 +31,9 @@ namespace {
 
 // ---- scoring
 
-// Softmax partials of gqa_rows (its scratch): per (row, query) up to
-// kMaxSlices (max, sum of e^(s − max)) pairs, then their counts.
-constexpr int kMaxSlices = 256;
-struct GqaPartials {
-  float2* part;    // [rows · n_q, kMaxSlices]
-  int32_t* count;  // [rows · n_q]
-};
-__host__ __device__ inline GqaPartials gqa_partials(void* scratch, int64_t n_rq) {
-  auto* part = static_cast<float2*>(scratch);
-  return {part, reinterpret_cast<int32_t*>(part + n_rq * kMaxSlices)};
-}
-
-__device__ __forceinline__ void lse_combine(float& m, float& s, float m2, float s2) {
-  const float mx = fmaxf(m, m2);
-  if (mx == -INFINITY) return;
-  s = s * __expf(m - mx) + s2 * __expf(m2 - mx);
-  m = mx;
-}
-
-__device__ __forceinline__ void warp_lse(float& m, float& s) {
-  for (int off = 16; off > 0; off >>= 1) {
-    const float m2 = __shfl_xor_sync(0xffffffffu, m, off), s2 = __shfl_xor_sync(0xffffffffu, s, off);
-    lse_combine(m, s, m2, s2);
-  }
-}
+using namespace score_detail;
 
 constexpr int kScoreThreads = 512;  // one block per SM (the table fills shared memory): many warps hide its latency
-
-struct Range {
-  int64_t c0, n;  // first chunk scored, chunks scored
-};
-__device__ __forceinline__ Range score_range(const ScoreRowsParams& p, const StepRanges& r) {
-  return p.candidates_only ? Range{r.c_lo, r.c_hi - r.c_lo} : Range{0, r.n_chunk};
-}
-
-// The table entry of (code c, group j): its NQ queries' dot products, one
-// vector load per token and group.
-template <int NQ> struct LutVec;
-template <> struct LutVec<1> { using T = float; };
-template <> struct LutVec<2> { using T = float2; };
-template <> struct LutVec<4> { using T = float4; };
-template <int NQ>
-__device__ __forceinline__ float lut_get(const typename LutVec<NQ>::T& v, int qi) {
-  if constexpr (NQ == 1) return v;
-  else return reinterpret_cast<const float*>(&v)[qi];
-}
 
 // q: [rows, n_q_total, 128]; scores the queries [q0, q0 + NQ) of each row.
 template <int NQ>
@@ -85,20 +46,14 @@ __global__ void __launch_bounds__(kScoreThreads, 1) higgs2_rows_kernel(ScoreRows
                                                                        float* __restrict__ scores) {
   using V = typename LutVec<NQ>::T;
   extern __shared__ float lut_f[];  // [256 codes][32 groups][NQ]
-  __shared__ float2 red[kScoreThreads / 32][NQ];
   V* lut = reinterpret_cast<V*>(lut_f);
   const int64_t row = blockIdx.y;
   const Range rg = score_range(p, ranges[row / p.n_kv_head]);
   // gqa_rows' partials over this block's tokens (ScoreRowsParams::gqa_scratch).
   const GqaPartials gp = p.gqa_scratch ? gqa_partials(p.gqa_scratch, int64_t(gridDim.y) * p.n_q)
                                        : GqaPartials{nullptr, nullptr};
-  auto put_partial = [&](int qi, float m, float s) {
-    const int64_t rq = row * p.n_q + q0 + qi;
-    gp.part[rq * kMaxSlices + blockIdx.x] = make_float2(m, s);
-    if (blockIdx.x == 0) gp.count[rq] = int32_t(gridDim.x);
-  };
   if (int64_t(blockIdx.x) * (kScoreThreads / 32) * 32 >= rg.n) {  // no token for this block
-    if (gp.part && threadIdx.x < NQ) put_partial(int(threadIdx.x), -INFINITY, 0.f);
+    if (gp.part && threadIdx.x < NQ) put_partial(gp, row * p.n_q + q0 + threadIdx.x, -INFINITY, 0.f);
     return;
   }
   {
@@ -180,19 +135,7 @@ __global__ void __launch_bounds__(kScoreThreads, 1) higgs2_rows_kernel(ScoreRows
         if (gp.part) lse_combine(lm[qi], ls[qi], v, 1.f);
       }
   }
-  if (!gp.part) return;
-  const int warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int qi = 0; qi < NQ; ++qi) {
-    warp_lse(lm[qi], ls[qi]);
-    if (lane == 0) red[warp][qi] = make_float2(lm[qi], ls[qi]);
-  }
-  __syncthreads();
-  if (threadIdx.x < NQ) {
-    float m = -INFINITY, sum = 0.f;
-    for (int w = 0; w < kScoreThreads / 32; ++w) lse_combine(m, sum, red[w][threadIdx.x].x, red[w][threadIdx.x].y);
-    put_partial(int(threadIdx.x), m, sum);
-  }
+  if (gp.part) block_partials<NQ, kScoreThreads>(gp, row * p.n_q + q0, lm, ls);
 }
 
 __device__ __forceinline__ void unpack16(const uint4& raw, float* v, bool fp8) {
@@ -420,6 +363,25 @@ void score_rows(const Exec& x, const ScoreRowsParams& p, const float* q, const u
   }
   const QuantKind kind = p.fmt.spec.kind;
   const bool dense = p.layout == IndexRecLayout::records && (kind == QuantKind::bf16 || kind == QuantKind::fp8);
+  if (!dense && score_rows_by_table(p)) {  // the byte-table scorer
+    LutPass lp;
+    lp.out = scores;
+    lp.out_stride = p.out_stride;
+    lp.scale = p.scale;
+    lp.gqa_scratch = p.n_q > 1 ? p.gqa_scratch : nullptr;
+    if (p.layout == IndexRecLayout::residual) {  // the meta records once each, then the residuals plus them
+      LutPass mp;
+      mp.div = p.m;
+      mp.out = p.meta_scratch;
+      mp.out_stride = residual_meta_stride(p.out_stride, p.m);
+      score_rows_lut(x, p, p.meta.spec, make_dev_format(p.meta), q, plane1, ranges, mp);
+      lp.add = p.meta_scratch;
+      lp.add_div = p.m;
+      lp.add_stride = mp.out_stride;
+    }
+    score_rows_lut(x, p, p.fmt.spec, make_dev_format(p.fmt), q, plane0, ranges, lp);
+    return;
+  }
   if (dense) {
     const dim3 grid{unsigned(max_bx), unsigned(n_rows)};
     const bool fp8 = kind == QuantKind::fp8;
