@@ -328,6 +328,7 @@ struct IndexCase {
   const char* spec;  // "planar" or a records format; "residual"
   int chunk = 1, m = 1;
   int head_dim = 128;
+  bool cos_stats = true;  // chunk > 1: also ShadowKV's cosine stats (HIGGS records without them: the warp kernel)
 };
 
 class IndexWriteCuda : public ::testing::TestWithParam<IndexCase> {};
@@ -354,7 +355,7 @@ TEST_P(IndexWriteCuda, WritesTheCpuRecords) {
   ip.sink = sink;
   ip.ring = ring;
   ip.in_tok_stride = W;
-  ip.cos_stats = c.chunk > 1;
+  ip.cos_stats = c.chunk > 1 && c.cos_stats;
   const int n_total = 400;
   const int64_t n_chunks = n_total / c.chunk + 1, n_units = n_total / unit + 1;
   const int64_t rb = ip.fmt.bytes, mb = residual ? ip.meta.bytes : 0;
@@ -445,7 +446,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(IndexCase{"planar"}, IndexCase{"bf16", 8}, IndexCase{"fp8", 1}, IndexCase{"higgs1:rs", 1},
                       IndexCase{"int4:g32", 4}, IndexCase{"1bit", 1}, IndexCase{"fp8s", 2},
                       IndexCase{"residual", 1, 8}, IndexCase{"residual", 2, 4}, IndexCase{"higgs2:g64", 1, 1, 64},
-                      IndexCase{"bf16", 8, 1, 64}, IndexCase{"higgs2", 1, 1, 256}));
+                      IndexCase{"bf16", 8, 1, 64}, IndexCase{"higgs2", 1, 1, 256},
+                      IndexCase{"higgs1", 1}, IndexCase{"higgs1", 4, 1, 128, false}, IndexCase{"higgs4:rs", 8, 1, 64, false},
+                      IndexCase{"higgs1", 4}));
 
 }  // namespace
 }  // namespace kvtier

@@ -297,6 +297,49 @@ __global__ void __launch_bounds__(64) unit_index_kernel(IndexWriteParams p, DevF
   }
 }
 
+// HIGGS landmark records (no residual, no cosine stats): a warp per (seq,
+// completed chunk, head), the chunk mean in shared memory, dev_quantize_warp
+// spreading the rotation and the nearest-point searches over the lanes (the
+// bytes of dev_quantize). One thread per record took ~190 µs per layer for
+// higgs1's 256-point 8-D grid, whose search has no cell table.
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) higgs_index_kernel(IndexWriteParams p, DevFormat f,
+                                                                         const __nv_bfloat16* __restrict__ k,
+                                                                         const int64_t* __restrict__ pos0,
+                                                                         uint8_t* const* __restrict__ plane0,
+                                                                         uint8_t* const* __restrict__ resident,
+                                                                         int64_t max_units) {
+  __shared__ float xs[kWarpsPerBlock][256];
+  const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
+  const int64_t i = int64_t(blockIdx.x) * kWarpsPerBlock + warp;  // warp-uniform from here on
+  if (i >= int64_t(p.n_seq) * max_units * p.n_kv_head) return;
+  const int h = int(i % p.n_kv_head);
+  const int64_t ui = (i / p.n_kv_head) % max_units;
+  const int s = int(i / (p.n_kv_head * max_units));
+  const int64_t n0 = pos0[s], n1 = n0 + p.n_new;
+  const int64_t u = n0 / p.unit + ui;
+  if (u >= n1 / p.unit) return;
+  const int D = p.head_dim, c = p.chunk;
+  const int64_t r = int64_t(s) * p.n_kv_head + h;
+  float* x = xs[warp];
+  for (int d = lane; d < D; d += 32) {  // the chunk mean, in token order then divided (as the CPU)
+    float sum = 0.f;
+    for (int t = 0; t < c; ++t) {
+      const int64_t tok = u * p.unit + t;
+      float v;
+      if (tok >= n0) {
+        v = bf(k, (int64_t(s) * p.n_new + (tok - n0)) * p.in_tok_stride + int64_t(h) * D + d);
+      } else {
+        const auto* slot = reinterpret_cast<const __nv_bfloat16*>(resident[r] + (p.sink + tok % p.ring) * 4 * int64_t(D));
+        v = __bfloat162float(slot[d]);
+      }
+      sum += v;
+    }
+    x[d] = sum / float(c);
+  }
+  __syncwarp();
+  dev_quantize_warp(f, x, plane0[r] + u * f.bytes, x);
+}
+
 // ---- rounding through a format, and the amax of a tensor
 
 __global__ void __launch_bounds__(64) round_rows_kernel(DevFormat f, __nv_bfloat16* rows, int64_t n, int64_t stride,
@@ -384,6 +427,12 @@ void index_write(const Exec& x, const IndexWriteParams& p, const void* k, const 
   const int64_t max_units = p.n_new / p.unit + 1;
   const int64_t n = int64_t(p.n_seq) * max_units * p.n_kv_head;
   const DevFormat f = make_dev_format(p.fmt);
+  if (p.layout == IndexRecLayout::records && f.kind == qdev::kHiggs && !p.cos_stats && p.unit == p.chunk) {
+    higgs_index_kernel<<<unsigned((n + kWarpsPerBlock - 1) / kWarpsPerBlock), 32 * kWarpsPerBlock, 0, st(x)>>>(
+        p, f, kin, pos0, plane0, resident, max_units);
+    KVT_CUDA_LAUNCH_CHECK("higgs_index_kernel");
+    return;
+  }
   const DevFormat meta = p.layout == IndexRecLayout::residual ? make_dev_format(p.meta) : DevFormat{};
   unit_index_kernel<<<unsigned((n + 63) / 64), 64, 0, st(x)>>>(p, f, meta, kin, pos0, plane0, plane1, resident, stats,
                                                                max_units);
