@@ -228,6 +228,35 @@ __global__ void planar_index_kernel(IndexWriteParams p, const __nv_bfloat16* __r
 
 constexpr int kMaxM = 16;  // landmarks per residual unit a thread holds
 
+// Job i of an index append: sequence s, KV head h, unit u, row r; ok is false
+// past the last job and when this append does not complete unit u.
+struct UnitJob {
+  int s = 0, h = 0;
+  int64_t u = 0, n0 = 0, r = 0;
+  bool ok = false;
+};
+__device__ __forceinline__ UnitJob unit_job(const IndexWriteParams& p, const int64_t* pos0, int64_t i,
+                                            int64_t max_units) {
+  UnitJob j;
+  if (i >= int64_t(p.n_seq) * max_units * p.n_kv_head) return j;
+  j.h = int(i % p.n_kv_head);
+  j.s = int(i / (p.n_kv_head * max_units));
+  j.n0 = pos0[j.s];
+  j.u = j.n0 / p.unit + (i / p.n_kv_head) % max_units;
+  j.r = int64_t(j.s) * p.n_kv_head + j.h;
+  j.ok = j.u < (j.n0 + p.n_new) / p.unit;
+  return j;
+}
+// Value d of token t's key for job j: from this append's keys, or (an earlier
+// token) from the resident ring.
+__device__ __forceinline__ float unit_key(const IndexWriteParams& p, const UnitJob& j, const __nv_bfloat16* k,
+                                          uint8_t* const* resident, int64_t t, int d) {
+  const int D = p.head_dim;
+  if (t >= j.n0) return bf(k, (int64_t(j.s) * p.n_new + (t - j.n0)) * p.in_tok_stride + int64_t(j.h) * D + d);
+  const auto* slot = reinterpret_cast<const __nv_bfloat16*>(resident[j.r] + (p.sink + t % p.ring) * 4 * int64_t(D));
+  return __bfloat162float(slot[d]);
+}
+
 __global__ void __launch_bounds__(64) unit_index_kernel(IndexWriteParams p, DevFormat f, DevFormat meta,
                                                         const __nv_bfloat16* __restrict__ k,
                                                         const int64_t* __restrict__ pos0,
@@ -236,21 +265,11 @@ __global__ void __launch_bounds__(64) unit_index_kernel(IndexWriteParams p, DevF
                                                         uint8_t* const* __restrict__ resident,
                                                         float* const* __restrict__ stats, int64_t max_units) {
   // one thread per (seq, completed unit, head)
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= int64_t(p.n_seq) * max_units * p.n_kv_head) return;
-  const int h = int(i % p.n_kv_head);
-  const int64_t ui = (i / p.n_kv_head) % max_units;
-  const int s = int(i / (p.n_kv_head * max_units));
-  const int64_t n0 = pos0[s], n1 = n0 + p.n_new;
-  const int64_t u = n0 / p.unit + ui;
-  if (u >= n1 / p.unit) return;
+  const UnitJob j = unit_job(p, pos0, int64_t(blockIdx.x) * blockDim.x + threadIdx.x, max_units);
+  if (!j.ok) return;
+  const int64_t u = j.u, r = j.r;
   const int D = p.head_dim, c = p.chunk, m = p.unit / c;
-  const int64_t r = int64_t(s) * p.n_kv_head + h;
-  auto key = [&](int64_t t, int d) -> float {
-    if (t >= n0) return bf(k, (int64_t(s) * p.n_new + (t - n0)) * p.in_tok_stride + int64_t(h) * D + d);
-    const auto* slot = reinterpret_cast<const __nv_bfloat16*>(resident[r] + (p.sink + t % p.ring) * 4 * int64_t(D));
-    return __bfloat162float(slot[d]);
-  };
+  auto key = [&](int64_t t, int d) { return unit_key(p, j, k, resident, t, d); };
   float lm[kMaxM][256];
   for (int q = 0; q < m; ++q) {  // chunk means, summed in token order then divided (as the CPU)
     float* mean = lm[q];
@@ -277,7 +296,7 @@ __global__ void __launch_bounds__(64) unit_index_kernel(IndexWriteParams p, DevF
   }
   if (p.layout == IndexRecLayout::records) {
     DevFormat g = f;
-    if (p.seq_scales) g.tensor_scale = p.seq_scales[s];
+    if (p.seq_scales) g.tensor_scale = p.seq_scales[j.s];
     dev_quantize(g, lm[0], plane0[r] + u * f.bytes);
     return;
   }
@@ -310,34 +329,17 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) higgs_index_kernel(IndexW
                                                                          int64_t max_units) {
   __shared__ float xs[kWarpsPerBlock][256];
   const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
-  const int64_t i = int64_t(blockIdx.x) * kWarpsPerBlock + warp;  // warp-uniform from here on
-  if (i >= int64_t(p.n_seq) * max_units * p.n_kv_head) return;
-  const int h = int(i % p.n_kv_head);
-  const int64_t ui = (i / p.n_kv_head) % max_units;
-  const int s = int(i / (p.n_kv_head * max_units));
-  const int64_t n0 = pos0[s], n1 = n0 + p.n_new;
-  const int64_t u = n0 / p.unit + ui;
-  if (u >= n1 / p.unit) return;
+  const UnitJob j = unit_job(p, pos0, int64_t(blockIdx.x) * kWarpsPerBlock + warp, max_units);
+  if (!j.ok) return;  // warp-uniform
   const int D = p.head_dim, c = p.chunk;
-  const int64_t r = int64_t(s) * p.n_kv_head + h;
   float* x = xs[warp];
   for (int d = lane; d < D; d += 32) {  // the chunk mean, in token order then divided (as the CPU)
     float sum = 0.f;
-    for (int t = 0; t < c; ++t) {
-      const int64_t tok = u * p.unit + t;
-      float v;
-      if (tok >= n0) {
-        v = bf(k, (int64_t(s) * p.n_new + (tok - n0)) * p.in_tok_stride + int64_t(h) * D + d);
-      } else {
-        const auto* slot = reinterpret_cast<const __nv_bfloat16*>(resident[r] + (p.sink + tok % p.ring) * 4 * int64_t(D));
-        v = __bfloat162float(slot[d]);
-      }
-      sum += v;
-    }
+    for (int t = 0; t < c; ++t) sum += unit_key(p, j, k, resident, j.u * p.unit + t, d);
     x[d] = sum / float(c);
   }
   __syncwarp();
-  dev_quantize_warp(f, x, plane0[r] + u * f.bytes, x);
+  dev_quantize_warp(f, x, plane0[j.r] + j.u * f.bytes, x);
 }
 
 // ---- rounding through a format, and the amax of a tensor
