@@ -151,6 +151,52 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{KvElt::bf16, 2, 16, 8, 600, true, true, 3, 256},  // head_dim 256: the general kernel
                       Case{KvElt::fp8, 1, 8, 2, 500, false, false, 2, 256}));
 
+// attn_merge alone: more parts than one round of staged weights, empty parts
+// (lse −inf) among them, a (sequence, head) with no part at all, and the bf16
+// output; against attn_merge_ref.
+TEST(DecodeAttnCuda, MergeOfManyPartsMatchesTheReference) {
+  KVT_REQUIRE_GPU();
+  Device dev(DeviceKind::cuda);
+  const Exec& x = dev.exec();
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd;
+  for (const int hd : {64, 128, 256})
+    for (const int n_part : {1, 34, 300}) {
+      const int64_t n_qh = 5;
+      std::vector<float> po(size_t(n_part * n_qh * hd)), pl(size_t(n_part * n_qh));
+      for (float& v : po) v = nd(rng);
+      for (size_t i = 0; i < pl.size(); ++i) pl[i] = (rng() % 5 == 0) ? -INFINITY : 4.f * nd(rng);
+      for (int j = 0; j < n_part; ++j) pl[size_t(j * n_qh + 2)] = -INFINITY;  // head 2: nothing attended
+      std::vector<float> want(static_cast<size_t>(n_qh * hd)), want_lse(static_cast<size_t>(n_qh));
+      attn_merge_ref(n_part, n_qh, hd, po.data(), pl.data(), want.data(), want_lse.data());
+      auto d_po = to_device(po);
+      auto d_pl = to_device(pl);
+      cuda::DeviceBuffer d_out(want.size() * 4), d_bf(want.size() * 2), d_lse(want_lse.size() * 4);
+      poison(d_out);
+      poison(d_bf);
+      poison(d_lse);
+      attn_merge(x, n_part, n_qh, hd, d_po.data<float>(), d_pl.data<float>(), d_out.data<float>(), true,
+                 d_lse.data<float>());
+      attn_merge(x, n_part, n_qh, hd, d_po.data<float>(), d_pl.data<float>(), d_bf.data<uint16_t>(), false, nullptr);
+      sync(x);
+      const auto out = to_host<float>(d_out, want.size());
+      const auto bf = to_host<uint16_t>(d_bf, want.size());
+      const auto lse = to_host<float>(d_lse, want_lse.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_NEAR(out[i], want[i], 1e-5f * (1.f + std::abs(want[i]))) << hd << " " << n_part << " " << i;
+        uint32_t u = uint32_t(bf[i]) << 16;
+        float b;
+        std::memcpy(&b, &u, 4);
+        ASSERT_NEAR(b, want[i], 1e-2f * (1.f + std::abs(want[i]))) << hd << " " << n_part << " " << i;
+      }
+      for (int64_t i = 0; i < n_qh; ++i) {
+        if (std::isinf(want_lse[size_t(i)])) ASSERT_TRUE(std::isinf(lse[size_t(i)]) && lse[size_t(i)] < 0) << i;
+        else ASSERT_NEAR(lse[size_t(i)], want_lse[size_t(i)], 1e-4f * (1.f + std::abs(want_lse[size_t(i)]))) << i;
+      }
+      for (int d = 0; d < hd; ++d) ASSERT_EQ(out[size_t(2 * hd + d)], 0.f);
+    }
+}
+
 TEST(DecodeAttnCuda, RejectsUnsupportedShapes) {
   KVT_REQUIRE_GPU();
   Device dev(DeviceKind::cuda);
