@@ -170,22 +170,30 @@ __global__ void __launch_bounds__(64) higgs_record_write_kernel(HostWriteParams 
 
 // ---- key index: planar 2-bit HIGGS per token (head_dim 128)
 
-constexpr int kWarpsPerBlock = 4;
+// A block per (token, KV head) row: every warp rotates the key (lane = group
+// of 4 values), then warp w searches grid points [64w, 64w + 64) for its 32
+// groups and the block keeps, per group, the first largest score in point
+// order (the CPU's search). One warp walking all 256 points took ~10 µs per
+// decode step, on the scoring's path.
+constexpr int kPlanarWarps = 4;
+constexpr int kWarpsPerBlock = 4;  // the index kernels that take a warp per job
+constexpr int kPlanarSpan = 256 / kPlanarWarps;
 
-__global__ void planar_index_kernel(IndexWriteParams p, const __nv_bfloat16* __restrict__ k,
-                                    const int64_t* __restrict__ pos0, uint8_t* const* __restrict__ codes_rows,
-                                    uint8_t* const* __restrict__ scale_rows, const float* __restrict__ grid,
-                                    const float* __restrict__ half_norm2, const float* __restrict__ signs) {
+__global__ void __launch_bounds__(32 * kPlanarWarps) planar_index_kernel(
+    IndexWriteParams p, const __nv_bfloat16* __restrict__ k, const int64_t* __restrict__ pos0,
+    uint8_t* const* __restrict__ codes_rows, uint8_t* const* __restrict__ scale_rows, const float* __restrict__ grid,
+    const float* __restrict__ half_norm2, const float* __restrict__ signs) {
   __shared__ float4 pts[256];
   __shared__ float hn[256];
+  __shared__ float best_s_of[kPlanarWarps][32];
+  __shared__ int best_of[kPlanarWarps][32];
   for (int i = threadIdx.x; i < 256; i += blockDim.x) {
     pts[i] = reinterpret_cast<const float4*>(grid)[i];
     hn[i] = half_norm2 ? half_norm2[i] : qdev::half_norm2_of(grid + 4 * i, 4);
   }
   __syncthreads();
-  const int64_t w = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  if (w >= int64_t(p.n_seq) * p.n_new * p.n_kv_head) return;
-  const int lane = threadIdx.x & 31;
+  const int64_t w = blockIdx.x;  // the row
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int h = int(w % p.n_kv_head);
   const int64_t ti = w / p.n_kv_head;
   const int s = int(ti / p.n_new);
@@ -205,20 +213,29 @@ __global__ void planar_index_kernel(IndexWriteParams p, const __nv_bfloat16* __r
   const float sigma = __bfloat162float(sigma_h);
   float u[4];
   for (int i = 0; i < 4; ++i) u[i] = sigma > 0 ? x[i] * inv_sqrt / sigma : 0.f;
-  int best = 0;  // the first largest u·c − ‖c‖²/2, in f32 (the CPU's fast search)
+  int best = warp * kPlanarSpan;  // the first largest u·c − ‖c‖²/2 of this warp's points, in f32
   float best_s = -INFINITY;
-  for (int cc = 0; cc < 256; ++cc) {
+  for (int cc = warp * kPlanarSpan; cc < (warp + 1) * kPlanarSpan; ++cc) {
     const float4 g = pts[cc];
-    float s = -hn[cc];
-    s = __fmaf_rn(u[0], g.x, s);
-    s = __fmaf_rn(u[1], g.y, s);
-    s = __fmaf_rn(u[2], g.z, s);
-    s = __fmaf_rn(u[3], g.w, s);
-    if (s > best_s) {
-      best_s = s;
+    float sc = -hn[cc];
+    sc = __fmaf_rn(u[0], g.x, sc);
+    sc = __fmaf_rn(u[1], g.y, sc);
+    sc = __fmaf_rn(u[2], g.z, sc);
+    sc = __fmaf_rn(u[3], g.w, sc);
+    if (sc > best_s) {
+      best_s = sc;
       best = cc;
     }
   }
+  best_s_of[warp][lane] = best_s;
+  best_of[warp][lane] = best;
+  __syncthreads();
+  if (warp != 0) return;
+  for (int v = 1; v < kPlanarWarps; ++v)  // later points win only when strictly larger
+    if (best_s_of[v][lane] > best_s) {
+      best_s = best_s_of[v][lane];
+      best = best_of[v][lane];
+    }
   const int64_t r = int64_t(s) * p.n_kv_head + h;
   codes_rows[r][32 * tok + lane] = uint8_t(best);
   if (lane == 0) reinterpret_cast<__nv_bfloat16*>(scale_rows[r])[tok] = sigma_h;
@@ -418,8 +435,9 @@ void index_write(const Exec& x, const IndexWriteParams& p, const void* k, const 
     KVT_CHECK(p.head_dim == 128 && p.chunk == 1 && p.unit == 1, "index_write: the planar index is per-token at 128");
     const int64_t n = int64_t(p.n_seq) * p.n_new * p.n_kv_head;
     if (n == 0) return;
-    planar_index_kernel<<<unsigned((n + kWarpsPerBlock - 1) / kWarpsPerBlock), 32 * kWarpsPerBlock, 0, st(x)>>>(
-        p, kin, pos0, plane0, plane1, p.fmt.grid, p.fmt.half_norm2, p.fmt.signs);
+    KVT_CHECK(n < (int64_t(1) << 31), "index_write: {} rows exceed the grid", n);
+    planar_index_kernel<<<unsigned(n), 32 * kPlanarWarps, 0, st(x)>>>(p, kin, pos0, plane0, plane1, p.fmt.grid,
+                                                                      p.fmt.half_norm2, p.fmt.signs);
     KVT_CUDA_LAUNCH_CHECK("planar_index_kernel");
     return;
   }
