@@ -283,20 +283,26 @@ void DecodeBatch::append(int layer, const void* k_pre, const void* k, const void
   const TieredSeq& s0 = *seqs_[0];
   const auto* pos0 = reinterpret_cast<const int64_t*>(state_.data<uint8_t>() + off_pos0_);
   stage(x_, "append");
-  // The host tier's record of the new token, on the side stream: nothing in
-  // this step reads it (the token is in the window until `local` steps on);
-  // decode_step joins the side stream before this layer ends, while k and v
-  // are still this layer's. Encoding HIGGS4 records is the longest append.
-  fork(x_);
-  HostWriteParams hp = s0.host_write_params(layer, n_seq(), 1, tok_stride);
-  hp.seq_scales = seq_scales(layer);
-  host_write(side_exec(x_), hp, k, k_pre, v, pos0, t.host, t.kplane,
-             reinterpret_cast<const int64_t*>(state_.data<uint8_t>() + off_key_first_));
+  // The new token's index entry first, on this stream: the scoring reads it
+  // (gqa=shadowkv's softmax runs over every chunk, the window's included),
+  // and it reads the unit's earlier keys from the ring before the ring write.
   IndexWriteParams ip = s0.index_write_params(layer, n_seq(), 1, tok_stride);
   ip.seq_scales = index_scales(layer);
   index_write(x_, ip, k, pos0, t.plane0, t.plane1, t.resident, nullptr);
+  // The host tier's record and the ring slot on the side stream: nothing on
+  // this stream reads them in this step (the token is in the window, which
+  // only the resident attention reads, on the side stream after them, until
+  // `local` steps on); decode_step joins the side stream before this layer
+  // ends, while k and v are still this layer's. Encoding HIGGS4 records is
+  // the longest append.
+  fork(x_);
+  const Exec side = side_exec(x_);
+  HostWriteParams hp = s0.host_write_params(layer, n_seq(), 1, tok_stride);
+  hp.seq_scales = seq_scales(layer);
+  host_write(side, hp, k, k_pre, v, pos0, t.host, t.kplane,
+             reinterpret_cast<const int64_t*>(state_.data<uint8_t>() + off_key_first_));
   ResidentWriteParams rp{n_seq(), 1, g.n_kv_head, g.head_dim, plan_.sink, plan_.ring, tok_stride, plan_.resident_elt};
-  resident_write(x_, rp, k, v, pos0, t.resident);
+  resident_write(side, rp, k, v, pos0, t.resident);
   stage(x_, "model");
 }
 
