@@ -342,6 +342,51 @@ TEST(IndexRowsCuda, GqaMaskTopkExpandAndResidentListMatchCpu) {
   }
 }
 
+// topk_rows on score distributions that stress its passes: every key equal,
+// two values, one exponent (the passes start below the shared sign and
+// exponent bits), both signs with −inf among them, and rows long enough for
+// two tiles per block; against topk_rows_cpu, exactly.
+TEST(IndexRowsCuda, TopkOnEdgeDistributionsMatchesCpu) {
+  KVT_REQUIRE_GPU();
+  Device dev(DeviceKind::cuda);
+  const Exec& x = dev.exec();
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd;
+  const int kmax = 4096;
+  const std::vector<int64_t> n{5000, 5000, 70000, 70000, 200000, 140000};
+  const std::vector<int32_t> budget{700, 4096, 4096, 1000, 4096, 3000};
+  const int n_seq = int(n.size()), H = 1;
+  const int64_t stride = 200000;
+  StepPlanParams sp{n_seq, 1, 1, 4, 32, 32, kmax};
+  cuda::DeviceBuffer d_ranges;
+  const auto ranges = ranges_for(sp, n, budget, x, &d_ranges);
+  std::vector<float> sc(size_t(n_seq) * stride, 0.f);
+  for (int s = 0; s < n_seq; ++s) {
+    float* r = sc.data() + size_t(s) * stride;
+    for (int64_t i = 0; i < stride; ++i) {
+      switch (s) {
+        case 0: r[i] = -3.5f; break;                                                // all equal
+        case 1: r[i] = (rng() % 3 == 0) ? 2.f : 1.f; break;                         // two values
+        case 2: r[i] = -12.f + 0.5f * nd(rng); break;                              // one exponent
+        case 3: r[i] = (rng() % 50 == 0) ? -INFINITY : 100.f * nd(rng); break;     // both signs, −inf
+        case 4: r[i] = -9.f - std::abs(nd(rng)); break;                            // two tiles per block
+        default: r[i] = float(int(rng() % 40)) * 0.125f - 2.f; break;               // many ties
+      }
+    }
+  }
+  std::vector<int32_t> top_c(size_t(n_seq) * kmax);
+  topk_rows_cpu(n_seq, H, stride, kmax, sc.data(), ranges.data(), top_c.data());
+  auto d_sc = to_device(sc);
+  cuda::DeviceBuffer d_top(top_c.size() * 4);
+  poison(d_top);
+  topk_rows(x, n_seq, H, stride, kmax, d_sc.data<float>(), d_ranges.data<StepRanges>(), d_top.data<int32_t>());
+  sync(x);
+  const auto got = to_host<int32_t>(d_top, top_c.size());
+  for (int s = 0; s < n_seq; ++s)
+    ASSERT_TRUE(std::equal(got.begin() + s * kmax, got.begin() + (s + 1) * kmax, top_c.begin() + s * kmax))
+        << "distribution " << s;
+}
+
 TEST(IndexRowsCuda, IndexQueryMatchesCpu) {
   KVT_REQUIRE_GPU();
   Device dev(DeviceKind::cuda);
