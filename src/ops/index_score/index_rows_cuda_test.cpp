@@ -342,10 +342,10 @@ TEST(IndexRowsCuda, GqaMaskTopkExpandAndResidentListMatchCpu) {
   }
 }
 
-// topk_rows on score distributions that stress its passes: every key equal,
-// two values, one exponent (the passes start below the shared sign and
-// exponent bits), both signs with −inf among them, and rows long enough for
-// two tiles per block; against topk_rows_cpu, exactly.
+// topk_rows on score distributions that stress its radix passes: every key
+// equal, two values, one exponent (every key in a few bins of the first
+// pass), both signs with −inf among them, and rows long enough for two
+// tiles per block; against topk_rows_cpu, exactly.
 TEST(IndexRowsCuda, TopkOnEdgeDistributionsMatchesCpu) {
   KVT_REQUIRE_GPU();
   Device dev(DeviceKind::cuda);
