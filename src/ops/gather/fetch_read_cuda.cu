@@ -154,6 +154,101 @@ __device__ __forceinline__ uint32_t read_bits(const uint8_t* base, int64_t bit, 
   return (w >> sh) & ((1u << n) - 1u);
 }
 
+__host__ __device__ constexpr int ilog2(int v) {
+  int n = 0;
+  while (v > 1) v >>= 1, ++n;
+  return n;
+}
+
+// kDim, kG, kGd: a record's values, its Hadamard group and the grid's
+// dimension fixed at compile time (codes of one byte, a head's own record),
+// or 0: read from f. With run-time sizes every loop is a branch: ~1,600
+// instructions per record, ~48 µs per layer at 128K under cache=step (H200,
+// ncu); the fixed ones unroll.
+template <int kDim, int kG, int kGd>
+struct HiggsDims {
+  static constexpr bool kFixed = kDim > 0;
+  int dim, G, d, n_group, n_code, lg;  // lg: G = 2^lg
+  __device__ __forceinline__ explicit HiggsDims(const DevFormat& f)
+      : dim(kFixed ? kDim : f.dim), G(kFixed ? kG : f.group), d(kFixed ? kGd : f.grid_dim),
+        n_group(kFixed ? kDim / kG : f.n_group), n_code(kFixed ? kG / kGd : f.n_code),
+        lg(ilog2(kFixed ? kG : f.group)) {}
+};
+
+// One miss's K (which 0) or V (1) of row r, from its record `rec` (the head's
+// entry, or the token's layer-wide record), into its slot (or dense row):
+// the whole warp, y its [dim] floats of shared memory.
+template <int kDim, int kG, int kGd>
+__device__ __forceinline__ void higgs_decode_one(const FetchParams& p, const DevFormat& f, const FetchRows& fr,
+                                                 const HiggsDims<kDim, kG, kGd>& z, int64_t r, const uint8_t* rec,
+                                                 int2 ts, int which, float* y, int lane) {
+  const int s = int(r / p.n_kv_head), h = int(r % p.n_kv_head);
+  const int D = z.kFixed ? kDim : p.head_dim, G = z.G, d = z.d, lg = z.lg;
+  const int64_t t = ts.x;
+  int64_t off = 0;  // where the head's values start in the record
+  if (p.values_only) {
+    if (which == 0) {
+      if (fr.key_first[s] < 0 || t < fr.key_first[s]) return;  // a prompt key: svd_rebuild_kernel's
+      rec += p.entry_bytes;
+    }
+  } else {
+    rec += int64_t(which) * f.bytes;
+    if (p.layer_wide && !fr.dense_k) off = int64_t(h) * D;
+  }
+  for (int g = 0; g < z.n_group; ++g) {
+    const uint8_t* mp = rec + f.meta_offset + 2 * g;
+    const float sigma = qdev::bf16_f32(uint32_t(mp[0]) | uint32_t(mp[1]) << 8);
+    const uint8_t* cg = rec + int64_t(g) * f.code_bytes;
+    float* yg = y + g * G;
+#pragma unroll
+    for (int q = lane; q < z.n_code; q += 32) {
+      const uint32_t raw = z.kFixed || f.code_bits == 8 ? uint32_t(cg[q]) : read_bits(cg, int64_t(q) * f.code_bits, f.code_bits);
+      const int c = min(int(raw), f.grid_size - 1);
+      const float* pc = f.grid + c * d;
+#pragma unroll
+      for (int k = 0; k < d; ++k) yg[q * d + k] = qdev::f_mul(sigma, pc[k]);
+    }
+  }
+  __syncwarp();
+  // Every group's butterflies at once. G is a power of two (the quantizer
+  // checks it), so the indices are shifts and masks (divisions by run-time
+  // values were most of this kernel's instructions).
+  const int half = z.dim / 2;
+#pragma unroll
+  for (int sh = 0; sh < lg; ++sh) {
+    const int hh = 1 << sh;
+#pragma unroll
+    for (int k = lane; k < half; k += 32) {
+      const int kk = k & ((G >> 1) - 1);
+      const int j = ((k >> (lg - 1)) << lg) + ((kk >> sh) << (sh + 1)) + (kk & (hh - 1));
+      const float a = y[j], b = y[j + hh];
+      y[j] = qdev::f_add(a, b);
+      y[j + hh] = qdev::f_sub(a, b);
+    }
+    __syncwarp();
+  }
+#pragma unroll
+  for (int j = lane; j < z.dim; j += 32) {
+    float u = qdev::f_mul(y[j], f.hadamard_scale);
+    if (f.signs) u = qdev::f_mul(u, f.signs[j & (G - 1)]);
+    y[j] = u;
+  }
+  __syncwarp();
+  float* val = y + off;
+  const int n_val = fr.dense_k && p.layer_wide ? z.dim : D;  // dense layer-wide: every head
+  if (which == 0 && p.keys_prerope) {  // rope_key's pairs, spread over the lanes
+    for (int o = 0; o < n_val; o += D)
+#pragma unroll
+      for (int q = lane; q < D / 2; q += 32) rope_pair(val + o, D, t, q, p.inv_freq, p.interleaved);
+    __syncwarp();
+  }
+  __nv_bfloat16* dst = dst_of(p, fr, r, ts.y, which);
+#pragma unroll
+  for (int j = lane; j < n_val; j += 32) dst[j] = __float2bfloat16_rn(val[j]);
+  __syncwarp();  // y is the next item's
+}
+
+template <int kDim, int kG, int kGd>
 __global__ void __launch_bounds__(32 * kDecodeWarps) higgs_decode_rows_kernel(FetchParams p, DevFormat f, FetchRows fr,
                                                                             Scratch sc, int64_t grid_floats) {
   extern __shared__ float4 smem4[];  // [grid_floats] grid, [kDecodeWarps][dim] values
@@ -162,65 +257,59 @@ __global__ void __launch_bounds__(32 * kDecodeWarps) higgs_decode_rows_kernel(Fe
   const int64_t n_items = int64_t(sc.miss_count[r]) * 2;
   if (int64_t(blockIdx.x) * kDecodeWarps >= n_items) return;  // the same for the whole block
   if (grid_floats) dev_stage_grid(f, smem);
+  const HiggsDims<kDim, kG, kGd> z(f);
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
-  float* y = smem + grid_floats + int64_t(warp) * f.dim;
-  const int s = int(r / p.n_kv_head), h = int(r % p.n_kv_head), D = p.head_dim;
-  const int G = f.group, d = f.grid_dim;
+  float* y = smem + grid_floats + int64_t(warp) * z.dim;
+  const int h = int(r % p.n_kv_head);
   for (int64_t i = int64_t(blockIdx.x) * kDecodeWarps + warp; i < n_items; i += int64_t(gridDim.x) * kDecodeWarps) {
-    const int which = int(i % 2);  // 0: K, 1: V
     const int64_t m = i / 2;
-    const int2 ts = sc.miss_list[r * p.kmax + m];
-    const int64_t t = ts.x;
-    const uint8_t* rec = staged(p, sc, r, m, h);
-    int64_t off = 0;  // where the head's values start in the record
-    if (p.values_only) {
-      if (which == 0) {
-        if (fr.key_first[s] < 0 || t < fr.key_first[s]) continue;  // a prompt key: svd_rebuild_kernel's
-        rec += p.entry_bytes;
-      }
-    } else {
-      rec += int64_t(which) * f.bytes;
-      if (p.layer_wide && !fr.dense_k) off = int64_t(h) * D;
-    }
-    for (int g = 0; g < f.n_group; ++g) {
-      const uint8_t* mp = rec + f.meta_offset + 2 * g;
-      const float sigma = qdev::bf16_f32(uint32_t(mp[0]) | uint32_t(mp[1]) << 8);
-      const uint8_t* cg = rec + int64_t(g) * f.code_bytes;
-      float* yg = y + int64_t(g) * G;
-      for (int q = lane; q < f.n_code; q += 32) {
-        const int c = min(int(read_bits(cg, int64_t(q) * f.code_bits, f.code_bits)), f.grid_size - 1);
-        const float* pc = f.grid + int64_t(c) * d;
-        for (int k = 0; k < d; ++k) yg[q * d + k] = qdev::f_mul(sigma, pc[k]);
-      }
-    }
+    higgs_decode_one(p, f, fr, z, r, staged(p, sc, r, m, h), sc.miss_list[r * p.kmax + m], int(i % 2), y, lane);
+  }
+}
+
+// Both passes at once for a head's own HIGGS entries (no staging): a warp
+// per miss reads the entry from pinned host memory (a lane per 16 bytes)
+// into shared memory and decodes its K and V, the next miss's entry already
+// in flight. The SMs decode while other warps wait on PCIe, so the step pays
+// about the reads' time, not the reads' plus the decode's.
+constexpr int kMaxEntryChunks = 32;  // 16-byte chunks of an entry held per lane (one each)
+
+template <int kDim>
+__global__ void __launch_bounds__(32 * kDecodeWarps) higgs_read_decode_kernel(FetchParams p, DevFormat f, FetchRows fr,
+                                                                            Scratch sc, int64_t grid_floats) {
+  extern __shared__ float4 smem4[];  // [grid_floats] grid, [kDecodeWarps][kDim] values, [kDecodeWarps][entry]
+  float* smem = reinterpret_cast<float*>(smem4);
+  const int64_t r = blockIdx.y;
+  const int64_t n = sc.miss_count[r];
+  if (int64_t(blockIdx.x) * kDecodeWarps >= n) return;  // the same for the whole block
+  if (grid_floats) dev_stage_grid(f, smem);
+  const HiggsDims<kDim, kDim, 2> z(f);
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
+  float* y = smem + grid_floats + int64_t(warp) * kDim;
+  uint4* ent = reinterpret_cast<uint4*>(smem + grid_floats + int64_t(kDecodeWarps) * kDim) + int64_t(warp) * (p.entry_bytes >> 4);
+  const int s = int(r / p.n_kv_head), h = int(r % p.n_kv_head);
+  const uint8_t* host = fr.host[s] + int64_t(h) * p.entry_bytes;
+  const int chunks = int(p.entry_bytes >> 4);
+  const int2* ml = sc.miss_list + r * p.kmax;
+  const int64_t stride = int64_t(gridDim.x) * kDecodeWarps;
+  int64_t m = int64_t(blockIdx.x) * kDecodeWarps + warp;
+  auto read = [&](int64_t mm, int2& ts, uint4& v) {
+    if (mm >= n) return;
+    ts = ml[mm];
+    if (lane < chunks) v = *(reinterpret_cast<const uint4*>(host + int64_t(ts.x) * p.tok_bytes) + lane);  // pinned
+  };
+  int2 ts{0, 0}, nts{0, 0};
+  uint4 v{}, nv{};
+  read(m, ts, v);
+  for (; m < n; m += stride) {
+    read(m + stride, nts, nv);  // the next entry's read in flight while this one decodes
+    if (lane < chunks) ent[lane] = v;
     __syncwarp();
-    const int half = f.dim / 2, gh = G / 2;
-    for (int hh = 1; hh < G; hh *= 2) {  // every group's butterflies at once
-      for (int k = lane; k < half; k += 32) {
-        const int kk = k % gh;
-        const int j = (k / gh) * G + (kk / hh) * 2 * hh + kk % hh;
-        const float a = y[j], b = y[j + hh];
-        y[j] = qdev::f_add(a, b);
-        y[j + hh] = qdev::f_sub(a, b);
-      }
-      __syncwarp();
-    }
-    for (int j = lane; j < f.dim; j += 32) {
-      float u = qdev::f_mul(y[j], f.hadamard_scale);
-      if (f.signs) u = qdev::f_mul(u, f.signs[j % G]);
-      y[j] = u;
-    }
-    __syncwarp();
-    float* val = y + off;
-    const int n_val = fr.dense_k && p.layer_wide ? f.dim : D;  // dense layer-wide: every head
-    if (which == 0 && p.keys_prerope) {  // rope_key's pairs, spread over the lanes
-      for (int q = lane; q < n_val / 2; q += 32)
-        rope_pair(val + (q / (D / 2)) * D, D, t, q % (D / 2), p.inv_freq, p.interleaved);
-      __syncwarp();
-    }
-    __nv_bfloat16* dst = dst_of(p, fr, r, ts.y, which);
-    for (int j = lane; j < n_val; j += 32) dst[j] = __float2bfloat16_rn(val[j]);
-    __syncwarp();  // y is the next item's
+    const uint8_t* rec = reinterpret_cast<const uint8_t*>(ent);
+    higgs_decode_one(p, f, fr, z, r, rec, ts, 0, y, lane);
+    higgs_decode_one(p, f, fr, z, r, rec, ts, 1, y, lane);
+    ts = nts;
+    v = nv;
   }
 }
 
@@ -270,6 +359,26 @@ void read_misses(const Exec& x, const FetchParams& p, const FetchRows& r, const 
               "fetch_rows: raw slots ({} bytes) hold whole per-head entries ({} bytes)", p.slot_bytes, p.entry_bytes);
   else
     KVT_CHECK(p.elt == KvElt::bf16, "fetch_rows (CUDA): decoded slots are bf16");
+  // A head's own record of one-byte codes and one group, as the engine's
+  // host tier stores HIGGS4 at head_dim 128 or 64: the sizes fixed, and
+  // (from host memory) read and decoded by one kernel.
+  const bool higgs = !p.raw && p.fmt.spec.kind == QuantKind::higgs;
+  const DevFormat hf = higgs ? make_dev_format(p.fmt) : DevFormat{};
+  const bool own = higgs && !p.layer_wide && !p.values_only && hf.dim == p.head_dim &&
+                   (p.head_dim == 128 || p.head_dim == 64) && hf.code_bits == 8 && hf.group == hf.dim &&
+                   hf.grid_dim == 2 && p.entry_bytes <= 16 * kMaxEntryChunks;
+  if (own && !sc.by_token) {
+    const DevFormat& f = hf;
+    const int64_t grid_floats = dev_grid_smem_bytes(f) <= kStagedGridBytes ? dev_grid_floats(f) : 0;
+    const size_t smem = size_t(grid_floats + int64_t(kDecodeWarps) * f.dim) * 4 + size_t(kDecodeWarps) * p.entry_bytes;
+    const int64_t per_row = std::max<int64_t>(1, int64_t(device_info().n_sm) * 16 / rows);
+    const int64_t need = (int64_t(p.kmax) + kDecodeWarps - 1) / kDecodeWarps;
+    const dim3 g{unsigned(std::min(per_row, need)), unsigned(rows)};
+    if (p.head_dim == 128) higgs_read_decode_kernel<128><<<g, 32 * kDecodeWarps, smem, st(x)>>>(p, f, r, sc, grid_floats);
+    else higgs_read_decode_kernel<64><<<g, 32 * kDecodeWarps, smem, st(x)>>>(p, f, r, sc, grid_floats);
+    KVT_CUDA_LAUNCH_CHECK("higgs_read_decode_kernel");
+    return;
+  }
   if (!sc.by_token) {  // else already copied
     const int64_t parts = !p.raw && p.values_only ? 2 : 1;
     const int64_t per_row = std::max<int64_t>(1, int64_t(device_info().n_sm) * 8 / rows);
@@ -288,7 +397,12 @@ void read_misses(const Exec& x, const FetchParams& p, const FetchRows& r, const 
     const int64_t per_row = std::max<int64_t>(1, int64_t(device_info().n_sm) * 16 / rows);
     const int64_t need = (int64_t(p.kmax) * 2 + kDecodeWarps - 1) / kDecodeWarps;
     const dim3 g{unsigned(std::min(per_row, need)), unsigned(rows)};
-    higgs_decode_rows_kernel<<<g, 32 * kDecodeWarps, smem, st(x)>>>(p, f, r, sc, grid_floats);
+    if (own && f.dim == 128)
+      higgs_decode_rows_kernel<128, 128, 2><<<g, 32 * kDecodeWarps, smem, st(x)>>>(p, f, r, sc, grid_floats);
+    else if (own && f.dim == 64)
+      higgs_decode_rows_kernel<64, 64, 2><<<g, 32 * kDecodeWarps, smem, st(x)>>>(p, f, r, sc, grid_floats);
+    else
+      higgs_decode_rows_kernel<0, 0, 0><<<g, 32 * kDecodeWarps, smem, st(x)>>>(p, f, r, sc, grid_floats);
     KVT_CUDA_LAUNCH_CHECK("higgs_decode_rows_kernel");
   } else {
     const dim3 grid{unsigned((int64_t(p.kmax) * 2 + 63) / 64), unsigned(rows)};
