@@ -3,7 +3,9 @@
 // keep their slot, found by binary search in the previous selection; free
 // slots ranked by a scan over a bitmap; the m-th miss in token order takes the
 // m-th free slot), the row's misses listed, the selection kept for the next
-// step. Pass 2 reads only the misses from pinned host memory (zero-copy), as
+// step. A head's own HIGGS entries (the default host tier) then take one
+// kernel that reads each miss and decodes it (fetch_read_cuda.cu). Else
+// pass 2 reads only the misses from pinned host memory (zero-copy), as
 // 16-byte chunks with several loads in flight per thread (PCIe reads are
 // bound by their count: a thread reading a record byte by byte was ~10×
 // slower): raw entries straight into their slots; records into a staging
