@@ -57,6 +57,10 @@ struct HostCase {
   const char* spec;
   bool layer_wide = false, values_only = false, prerope = false;
   int head_dim = 128;
+  // fetch_dense in one pass of 32 tokens per SM: more misses per row than the
+  // read-and-decode kernel has warps for it, so a warp reads the next miss
+  // while it decodes one (at 128K decode every warp takes about two).
+  bool many_misses = false;
 };
 
 class HostTierCuda : public ::testing::TestWithParam<HostCase> {};
@@ -67,7 +71,8 @@ TEST_P(HostTierCuda, WritesTheCpuRecordsAndFetchesItsValues) {
   Device dev(DeviceKind::cuda);
   const Exec& x = dev.exec();
   std::mt19937 rng(17);
-  const int H = 4, D = c.head_dim, W = H * D, n_seq = 2, n_tok = 300;
+  const int dense_pass = c.many_misses ? 32 * cuda::device_info().n_sm : 64;
+  const int H = 4, D = c.head_dim, W = H * D, n_seq = 2, n_tok = c.many_misses ? dense_pass + 100 : 300;
   QuantSpec spec = parse_quant_spec(c.spec);
   if (spec.kind == QuantKind::nvfp4) spec.tensor_scale = 0.004f;
   const int dim = c.layer_wide ? W : D;
@@ -275,21 +280,21 @@ TEST_P(HostTierCuda, WritesTheCpuRecordsAndFetchesItsValues) {
   EXPECT_LT(c_cnt[0][1], c_cnt[0][0]) << "the steps overlap: some hits expected";
 
   // fetch_dense (the streamed prefill's read): sequence 0's tokens [5, n_tok)
-  // as dense rows, in passes of 64 tokens; shadowkv's keys from its pre-RoPE copy.
+  // as dense rows, in passes of dense_pass tokens; shadowkv's keys from its pre-RoPE copy.
   const int64_t t0 = 5, n = n_tok - t0;
   const std::vector<float> kpre_f(kp.begin(), kp.begin() + int64_t(n_tok) * W);
   Buffer g_kpre = dev.alloc_host(kpre_f.size() * 2);
   for (size_t i = 0; i < kpre_f.size(); ++i) g_kpre.host_ptr<uint16_t>()[i] = f32_to_bf16(kpre_f[i]);
   FetchParams dc = pc;
   dc.n_seq = 1;
-  dc.kmax = 64;
+  dc.kmax = dense_pass;
   FetchRows dcr = cr;
   dcr.prefill_kpre = reinterpret_cast<const uint8_t*>(kpre_f.data());
   std::vector<float> ck_out(size_t(n) * W), cv_out(size_t(n) * W);
   fetch_dense_cpu(dc, dcr, t0, n_tok, ck_out.data(), cv_out.data());
   FetchParams dg = pg;
   dg.n_seq = 1;
-  dg.kmax = 64;
+  dg.kmax = dense_pass;
   cuda::DeviceBuffer d_scratch(size_t(fetch_dense_scratch_bytes(x, dg)));
   FetchRows dgr = gr;
   dgr.scratch = d_scratch.data();
@@ -322,7 +327,8 @@ INSTANTIATE_TEST_SUITE_P(
                       HostCase{"higgs4", true}, HostCase{"bf16", false, true}, HostCase{"fp8", false, true},
                       HostCase{"higgs4:g128", false, false, true}, HostCase{"bf16", false, false, true},
                       HostCase{"bf16", false, false, false, 64}, HostCase{"higgs4:g64", false, false, false, 64},
-                      HostCase{"fp8", false, false, false, 256}));
+                      HostCase{"fp8", false, false, false, 256},
+                      HostCase{"higgs4:g128", false, false, true, 128, true}));
 
 struct IndexCase {
   const char* spec;  // "planar" or a records format; "residual"
