@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One GPU session's measurements in one command (binaries built elsewhere):
-#   bench/gpu_run.sh [STEP ...]      steps: tests fa3 perf32k perf128k perf19m batch stages (default: all but batch, stages)
+#   bench/gpu_run.sh [STEP ...]      steps: tests fa3 perf32k perf128k perf19m batch stages score maxbatch
+#                                    (default: tests fa3 perf32k perf128k perf19m)
 # Binaries in $BIN (default .device/bin), shared libraries the GPU machine
 # lacks in $BIN/../lib; logs and JSON under $OUT (default out/gpu). Every step
 # has a time limit and its own log; a summary prints last.
@@ -71,6 +72,11 @@ for s in $STEPS; do
               step "stages$((c / 1024))k" 280 "$K" perf --device cuda -m shape:llama3.1-8b -c $((c + 8192)) \
                 --prefill-chunk 8192 -p "$c" -g 16 -r 1 --stages "${POLICIES[@]}" --json
             done ;;
+    score) step score 200 "$BIN/kvt_score_bench" --batch 1,6,12,20 --blocks auto,wave --json "$OUT/score.json" ;;
+    maxbatch)  # 128K prompts whose first 126,976 tokens' K/V are random (bench/results/gpu/batch/README.md)
+      M=(-m shape:llama3.1-8b -c 132000 --prefill-chunk 4096 -p 131072 --random-kv 126976 -g 16 -r 1 --json)
+      step maxbatch_full 300 "$K" perf --device cuda "${M[@]}" --batch 6 --kv full
+      step maxbatch_yakv 500 "$K" perf --device cuda "${M[@]}" --batch 6,12 --kv "yakv,prefill=stream" ;;
     *) echo "unknown step $s" ;;
   esac
 done

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 B=${1:-build-cuda}
 rm -rf .device/stage && mkdir -p .device/stage/bin .device/stage/lib
 cp "$B/kvt_cuda_tests" "$B/tools/kvtier" .device/stage/bin/
-for b in kvt_flash_prefill_bench kvt_moe_bench kvt_host_rows_bench; do [ -f "$B/src/ops/$b" ] && cp "$B/src/ops/$b" .device/stage/bin/; done
+for b in kvt_flash_prefill_bench kvt_moe_bench kvt_host_rows_bench kvt_score_bench; do [ -f "$B/src/ops/$b" ] && cp "$B/src/ops/$b" .device/stage/bin/; done
 strip .device/stage/bin/*
 for b in .device/stage/bin/*; do
   ldd "$b" | awk '/=> \// {print $3}' |

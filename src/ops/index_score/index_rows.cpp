@@ -33,6 +33,21 @@ LutShape lut_shape(const QuantSpec& fmt, int dim) {
   return s;
 }
 
+int table_blocks_per_row(int64_t n_rows, int64_t slots, int max_per_row) {
+  if (n_rows <= 0 || slots <= 0 || max_per_row <= 1) return 1;
+  // Busy fraction of the slots over the launch's waves; a larger count must
+  // gain 2 points to be taken (each block builds its table again).
+  int best = 1;
+  double best_busy = 0;
+  for (int bx = 1; bx <= max_per_row; ++bx) {
+    const int64_t blocks = n_rows * bx, waves = (blocks + slots - 1) / slots;
+    const double busy = double(blocks) / double(waves * slots);
+    if (busy > best_busy + 0.02) best = bx, best_busy = busy;
+    if (best_busy >= 0.95) break;
+  }
+  return best;
+}
+
 int lut_queries_per_pass(const QuantSpec& fmt, int dim) {
   const LutShape s = lut_shape(fmt, dim);
   if (s.n_pos == 0) return 0;

@@ -84,6 +84,9 @@ struct ScoreRowsParams {
   // chunks' residual scores), which lets both run on the byte-table scorer
   // below. Null: one thread per chunk decodes its meta record and residual.
   float* meta_scratch = nullptr;
+  // CUDA, table scorers (planar higgs2, byte table): blocks per row; 0 lets
+  // table_blocks_per_row choose (tests and benchmarks force others).
+  int blocks_per_row = 0;
 };
 constexpr int64_t residual_meta_stride(int64_t out_stride, int m) { return out_stride / (m > 0 ? m : 1) + 2; }
 // q: [rows, n_q, head_dim] f32 (index_query_rows); plane0/plane1 as index_write;
@@ -126,6 +129,13 @@ constexpr LutSmem lut_smem(const LutShape& s, int nq) {
   return m;
 }
 LutShape lut_shape(const QuantSpec& fmt, int dim);
+// Blocks per row of a table scorer, whose every block builds its lookup
+// table once and then scores an equal stretch of its row, on a GPU that runs
+// `slots` such blocks at once (SMs × blocks per SM): the smallest count whose
+// whole waves keep ≥ 95 % of the slots busy, else the busiest up to
+// max_per_row. 8 rows on 132 slots: 16 (one wave); 96 rows: 4 (384 blocks
+// in 3 waves, 97 % busy, where one block per row left 36 SMs idle).
+int table_blocks_per_row(int64_t n_rows, int64_t slots, int max_per_row);
 // Queries per pass of that scorer: 4, 2 or 1, as many as its table lets
 // fit in an SM's shared memory; 0 when fmt does not qualify.
 int lut_queries_per_pass(const QuantSpec& fmt, int dim);

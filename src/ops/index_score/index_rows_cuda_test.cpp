@@ -78,6 +78,7 @@ struct ScoreCase {
   bool candidates_only = true;
   bool by_table = false;      // must run on the byte-table scorer (score_lut_cuda.cu)
   bool meta_scratch = true;   // residual: give the meta scratch (else the thread-per-chunk kernel)
+  int blocks_per_row = 0;     // table scorers: forced (0: chosen by table_blocks_per_row)
 };
 
 class ScoreRowsCuda : public ::testing::TestWithParam<ScoreCase> {};
@@ -167,6 +168,7 @@ TEST_P(ScoreRowsCuda, MatchesTheCpuQuantizersScores) {
   p.meta = mf;
   p.m = 8;
   p.candidates_only = c.candidates_only;
+  p.blocks_per_row = c.blocks_per_row;
   p.scale = 0.125f;
   p.out_stride = stride;
   // CPU reference (records layout; planar's records are the same bytes).
@@ -251,7 +253,9 @@ INSTANTIATE_TEST_SUITE_P(
                       ScoreCase{"higgs2:g64"}, ScoreCase{"higgs0.5", 64}, ScoreCase{"int3:g16", 128, 2, false},
                       ScoreCase{"1bit"}, ScoreCase{"fp8s"}, ScoreCase{"nvfp4"}, ScoreCase{"higgs2", 256},
                       ScoreCase{"residual"}, ScoreCase{"residual", 128, 2, false},
-                      ScoreCase{"residual", 128, 4, false, false, false}));
+                      ScoreCase{"residual", 128, 4, false, false, false},
+                      // blocks of a few hundred tokens each, their softmax partials combined
+                      ScoreCase{"planar", 128, 4, false, false, true, 9}));
 
 // The byte-table scorer: every format family it takes, head_dim 64 to 256,
 // query counts that split into passes of 4, 2 and 1, and with gqa=shadowkv's
@@ -265,7 +269,8 @@ INSTANTIATE_TEST_SUITE_P(
                       ScoreCase{"int2:g32", 128, 4, false, true}, ScoreCase{"int4", 256, 1, true, true},
                       ScoreCase{"int8", 128, 2, false, true}, ScoreCase{"int1:g16", 128, 4, false, true},
                       ScoreCase{"residual", 128, 4, false, true}, ScoreCase{"residual", 64, 1, true, true},
-                      ScoreCase{"residual", 256, 2, false, true}));
+                      ScoreCase{"residual", 256, 2, false, true},
+                      ScoreCase{"higgs1", 128, 4, false, true, true, 5}));
 
 TEST(IndexRowsCuda, GqaMaskTopkExpandAndResidentListMatchCpu) {
   KVT_REQUIRE_GPU();

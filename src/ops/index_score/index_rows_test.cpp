@@ -150,6 +150,27 @@ TEST(TopkRowsCpu, EqualsTheReferenceOnEveryKindOfRow) {
   }
 }
 
+// How many blocks a row of a table scorer takes: one wave while the rows
+// fit the GPU's slots, then whole waves that leave few slots idle.
+TEST(ScoreRowsTable, BlocksPerRowKeepEverySlotBusy) {
+  EXPECT_EQ(table_blocks_per_row(8, 132, 64), 16);   // batch 1: 128 blocks, one wave
+  EXPECT_EQ(table_blocks_per_row(96, 132, 64), 4);   // batch 12: 384 blocks in 3 waves (97 %), not 96
+  EXPECT_EQ(table_blocks_per_row(132, 132, 64), 1);  // exactly one wave
+  EXPECT_EQ(table_blocks_per_row(160, 132, 64), 4);  // 640 blocks in 5 waves (97 %), not 2 waves at 61 %
+  EXPECT_EQ(table_blocks_per_row(48, 132, 64), 8);   // batch 6: 384 blocks in 3 waves, not 96 blocks
+  EXPECT_EQ(table_blocks_per_row(1000, 132, 64), 3);
+  EXPECT_EQ(table_blocks_per_row(96, 132, 2), 1);    // capped: 2 per row would not be busier
+  EXPECT_EQ(table_blocks_per_row(0, 132, 64), 1);
+  for (int64_t rows = 1; rows <= 400; ++rows) {
+    const int bx = table_blocks_per_row(rows, 132, 64);
+    const int64_t blocks = rows * bx, waves = (blocks + 131) / 132;
+    ASSERT_GE(bx, 1);
+    ASSERT_LE(bx, 64);
+    // never less busy than one block per row
+    EXPECT_GE(double(blocks) / double(waves * 132) + 1e-9, double(rows) / double(((rows + 131) / 132) * 132)) << rows;
+  }
+}
+
 // Which records CUDA's byte-table scorer takes, and how many queries its
 // table holds per pass (the dispatch of score_rows rests on these).
 TEST(ScoreRowsTable, TakesFormatsWhoseCodesFillBytes) {

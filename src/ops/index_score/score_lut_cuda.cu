@@ -188,10 +188,11 @@ void launch(const Exec& x, const ScoreRowsParams& p, const DevFormat& f, const L
     return true;
   }();
   (void)once;
-  // One wave, as the planar kernel: each block builds its table once.
+  // As the planar kernel: each block builds its table once.
   const int64_t per_sm = std::max<int64_t>(1, std::min<int64_t>(kLutMaxSmem / int64_t(smem),
                                                                  2048 / kLutThreads));
-  int64_t bx = std::max<int64_t>(1, int64_t(device_info().n_sm) * per_sm / n_rows);
+  int64_t bx = p.blocks_per_row > 0 ? p.blocks_per_row
+                                    : table_blocks_per_row(n_rows, int64_t(device_info().n_sm) * per_sm, 64);
   if (lp.gqa_scratch) bx = std::min<int64_t>(bx, kMaxSlices);
   lut_rows_kernel<NQ><<<dim3(unsigned(bx), unsigned(n_rows)), kLutThreads, smem, static_cast<cudaStream_t>(x.stream)>>>(
       p, f, sh, lp, q0, q, rows, ranges);

@@ -336,16 +336,15 @@ void score_rows(const Exec& x, const ScoreRowsParams& p, const float* q, const u
     for (int q0 = 0; q0 < p.n_q;) {
       const int nq = p.n_q - q0 >= 4 ? 4 : p.n_q - q0 >= 2 ? 2 : 1;
       const size_t smem = size_t(nq) * 256 * 32 * 4;
-      // One wave: each block builds its table once (32K entries per query),
-      // then scores a long stretch of tokens. Four blocks per SM for every
-      // eighth of a row (4,256 blocks at 128K and 8 rows) spent more time
-      // building tables than scoring.
+      // Each block builds its table once (32K entries per query), then scores
+      // a long stretch of tokens: as few blocks as keep every SM busy. Four
+      // blocks per SM for every eighth of a row (4,256 blocks at 128K and 8
+      // rows) spent more time building tables than scoring; one block more
+      // than the SMs hold runs alone in a wave of its own.
       const int64_t per_sm =
           std::max<int64_t>(1, std::min<int64_t>(int64_t(227 * 1024) / int64_t(smem), 2048 / kScoreThreads));
-      // Rounded down: one block more than the SMs hold would run alone in a
-      // second wave and double the kernel's time (at 8 rows and one 128 KB
-      // table per SM, 17 blocks a row made 136 blocks for 132 SMs).
-      unsigned bx = unsigned(std::max<int64_t>(1, int64_t(n_sm) * per_sm / n_rows));
+      unsigned bx = unsigned(p.blocks_per_row > 0 ? p.blocks_per_row
+                                                  : table_blocks_per_row(n_rows, int64_t(n_sm) * per_sm, 64));
       if (p.gqa_scratch) {
         KVT_CHECK(p.n_q > 1 && reinterpret_cast<uintptr_t>(p.gqa_scratch) % 8 == 0,
                   "score_rows: softmax partials are for n_q > 1, in 8-byte aligned scratch");
