@@ -37,6 +37,12 @@ KvFootprint plan_footprint(const KvPlan& k, int64_t n_ctx) {
   f.gpu_bytes = f.gpu_fixed_bytes + int64_t(f.gpu_bytes_per_token * double(n_ctx) + 0.5);
   f.host_bytes = int64_t(f.host_bytes_per_token * double(n_ctx) + 0.5);
   if (k.host_spec.kind == QuantKind::nvfp4) f.host_bytes += 8 * g.n_layer;  // per-tensor scales of K and V
+  if (k.policy.store == StoreMode::gpu) {  // the store in device memory (policy.h: store)
+    f.gpu_bytes_per_token += f.host_bytes_per_token;
+    f.gpu_bytes += f.host_bytes;
+    f.host_bytes_per_token = 0;
+    f.host_bytes = 0;
+  }
   return f;
 }
 

@@ -16,7 +16,7 @@ namespace {
 const char* kPresets = "full, shadowkv, yakv, oracle, landmarks";
 const char* kKeys =
     "index, chunk, lm, meta, res, m, rank, kv, keys_prerope, budget, min_budget, sink, local, outliers, "
-    "gqa, cache, prefill";
+    "gqa, cache, prefill, store";
 
 PolicyConfig preset(const std::string& name) {
   PolicyConfig p;
@@ -113,6 +113,8 @@ const char* cache_mode_name(CacheMode m) {
     default: return "auto";
   }
 }
+
+const char* store_mode_name(StoreMode m) { return m == StoreMode::gpu ? "gpu" : "host"; }
 
 const char* prefill_mode_name(PrefillMode m) {
   switch (m) {
@@ -242,6 +244,10 @@ PolicyConfig parse_policy(const std::string& text) {
       else if (v == "dense") p.prefill = PrefillMode::dense;
       else if (v == "stream") p.prefill = PrefillMode::stream;
       else fail("kv policy: prefill={} is not valid (valid: auto, dense, stream)", v);
+    } else if (key == "store") {
+      if (v == "host") p.store = StoreMode::host;
+      else if (v == "gpu") p.store = StoreMode::gpu;
+      else fail("kv policy: store={} is not valid (valid: host, gpu)", v);
     } else {
       fail("kv policy '{}': unknown key '{}' (valid keys: {})", text, key, kKeys);
     }
@@ -256,6 +262,7 @@ PolicyConfig parse_policy(const std::string& text) {
   for (const char* k : {"budget", "min_budget", "sink", "local", "gqa", "chunk", "lm", "keys_prerope", "cache"})
     forbid(dense, k, "dense attention selects nothing");
   forbid(dense, "prefill", "dense attention keeps every token's K/V on the device");
+  forbid(dense, "store", "dense attention has no quantized store: its K/V stay on the device");
   forbid(p.index != IndexKind::shadowkv, "rank", "only the shadowkv index has an SVD");
   forbid(p.index != IndexKind::shadowkv, "outliers", "outlier chunks belong to the shadowkv index");
   forbid(p.index == IndexKind::exact, "chunk", "the exact index scores every token");
@@ -303,6 +310,7 @@ std::string to_string(const PolicyConfig& p) {
     if (p.min_budget > 0) s += fmt::format(",min_budget={}", p.min_budget);
     if (p.cache != CacheMode::auto_) s += fmt::format(",cache={}", cache_mode_name(p.cache));
     if (p.prefill != PrefillMode::auto_) s += fmt::format(",prefill={}", prefill_mode_name(p.prefill));
+    if (p.store != StoreMode::host) s += fmt::format(",store={}", store_mode_name(p.store));
   }
   return s;
 }

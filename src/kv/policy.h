@@ -24,6 +24,13 @@
 //             context, filled from the host tier when decode starts, so only
 //             generated tokens cross PCIe, once), auto (all when free GPU
 //             memory holds it twice with a margin, else step; step on the CPU)
+//   store   : where the quantized K/V store (the host tier) lives: host
+//             (pinned RAM) or gpu (device memory, on a CUDA device: the
+//             sequence takes no host memory and its misses are read from
+//             device memory instead of over PCIe; about 3.6x less GPU memory
+//             than bf16 K/V at HIGGS4, so more sequences fit when the batch
+//             is bound by GPU memory; cache=auto is then step). On the CPU
+//             device every tier is in RAM and the knob changes nothing.
 //   prefill : what the prompt's attention reads: dense (a copy of every
 //             layer's K/V at the activation precision, on the device until
 //             decode starts), stream (each layer's K/V decoded from the host
@@ -46,6 +53,8 @@ enum class CacheMode { auto_, step, all };
 const char* cache_mode_name(CacheMode m);
 enum class PrefillMode { auto_, dense, stream };
 const char* prefill_mode_name(PrefillMode m);
+enum class StoreMode { host, gpu };
+const char* store_mode_name(StoreMode m);
 
 struct PolicyConfig {
   std::string preset = "full";
@@ -68,6 +77,7 @@ struct PolicyConfig {
   GqaMode gqa = GqaMode::shadowkv;
   CacheMode cache = CacheMode::auto_;
   PrefillMode prefill = PrefillMode::auto_;
+  StoreMode store = StoreMode::host;
 };
 
 // Throws kvtier::Error naming the offending key/value and the valid values.
@@ -94,7 +104,8 @@ QuantSpec resolved_lm_spec(const QuantSpec& spec, int head_dim);
 // Per-token and context totals of a policy, computed without allocating.
 // GPU tier: key index (landmarks, SVD projection rows, exact keys) and, for
 // `full`, the whole K/V (dense attention reads it resident). Host tier: the
-// full K and V of every layer (tiered policies). Fixed GPU bytes: sink and
+// full K and V of every layer (tiered policies; counted as GPU bytes under
+// store=gpu). Fixed GPU bytes: sink and
 // local windows, outlier chunks, SVD bases (independent of the context).
 struct KvFootprint {
   double gpu_bytes_per_token = 0;

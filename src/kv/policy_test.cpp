@@ -93,6 +93,10 @@ TEST(Policy, Overrides) {
   EXPECT_EQ(parse_policy("shadowkv,prefill=dense").prefill, PrefillMode::dense);
   EXPECT_EQ(to_string(parse_policy("yakv")).find("prefill"), std::string::npos);  // auto: not printed
   EXPECT_NE(to_string(parse_policy("oracle,prefill=stream")).find(",prefill=stream"), std::string::npos);
+  EXPECT_EQ(parse_policy("yakv").store, StoreMode::host);
+  EXPECT_EQ(parse_policy("shadowkv,store=gpu").store, StoreMode::gpu);
+  EXPECT_EQ(to_string(parse_policy("yakv,store=host")).find("store"), std::string::npos);  // the default: not printed
+  EXPECT_NE(to_string(parse_policy("yakv,store=gpu")).find(",store=gpu"), std::string::npos);
 }
 
 TEST(Policy, BudgetFloorInTokens) {
@@ -109,7 +113,8 @@ TEST(Policy, RoundTripsThroughToString) {
        {"full", "full,kv=f32", "shadowkv", "shadowkv,rank=160", "yakv", "oracle",
         "landmarks,chunk=4,lm=int4:g32", "yakv,lm=residual,meta=higgs4,res=1bit,m=4",
         "yakv,gqa=mean,sink=4,keys_prerope=1", "oracle,budget=512", "yakv,min_budget=1024",
-        "yakv,cache=step", "oracle,cache=all", "yakv,prefill=stream", "shadowkv,prefill=dense"}) {
+        "yakv,cache=step", "oracle,cache=all", "yakv,prefill=stream", "shadowkv,prefill=dense",
+        "yakv,store=gpu,cache=step"}) {
     PolicyConfig p = parse_policy(s);
     std::string t = to_string(p);
     EXPECT_EQ(to_string(parse_policy(t)), t) << s;
@@ -129,6 +134,8 @@ TEST(Policy, ErrorsNameTheKeyAndTheValidValues) {
   EXPECT_NE(error_of("full,cache=all").find("cache"), std::string::npos);
   EXPECT_NE(error_of("yakv,prefill=lazy").find("auto, dense, stream"), std::string::npos);
   EXPECT_NE(error_of("full,prefill=stream").find("prefill"), std::string::npos);
+  EXPECT_NE(error_of("yakv,store=disk").find("host, gpu"), std::string::npos);
+  EXPECT_NE(error_of("full,store=gpu").find("store"), std::string::npos);
   EXPECT_NE(error_of("yakv,index=svd").find("none, landmarks, exact, shadowkv"),
             std::string::npos);
   EXPECT_NE(error_of("yakv,kv=int9").find("kv=int9"), std::string::npos);
@@ -176,6 +183,19 @@ TEST(Accounting, Llama31_8BMatchesSpecArithmetic) {
   const KvFootprint yg = plan_footprint(plan_kv(parse_policy("yakv"), g, DeviceKind::cuda), ctx);
   EXPECT_EQ(ya.gpu_bytes_per_token - yg.gpu_bytes_per_token, (512 + 1.0 / 8) * 8 * 32);
   EXPECT_EQ(kv_footprint(parse_policy("yakv,cache=all"), g, ctx).gpu_bytes_per_token, 8704 + (1024 + 1.0 / 8) * 8 * 32);
+  // store=gpu: the HIGGS-4 store counted on the GPU, nothing on the host; the
+  // host budget charges nothing, the GPU budget the store on top.
+  const KvFootprint ys = kv_footprint(parse_policy("yakv,store=gpu"), g, ctx);
+  EXPECT_EQ(ys.gpu_bytes_per_token, 8704 + 144 * 8 * 32);
+  EXPECT_EQ(ys.host_bytes_per_token, 0);
+  EXPECT_EQ(ys.host_bytes, 0);
+  EXPECT_EQ(ys.gpu_bytes, y.gpu_bytes + y.host_bytes);
+  EXPECT_EQ(kv_charge_bytes(parse_policy("yakv,store=gpu"), g, ctx, false), 0);
+  EXPECT_EQ(kv_charge_bytes(parse_policy("yakv,store=gpu"), g, ctx, true), kv_charge_bytes(parse_policy("yakv"), g, ctx, true));
+  const KvGpuCharge cs = kv_gpu_charge(parse_policy("yakv,store=gpu,cache=step"), g, 4096, 4160);
+  const KvGpuCharge ch = kv_gpu_charge(parse_policy("yakv,cache=step"), g, 4096, 4160);
+  EXPECT_EQ(cs.decode_bytes - ch.decode_bytes, int64_t(144) * 8 * 32 * 4160);
+  EXPECT_EQ(cs.prefill_bytes - ch.prefill_bytes, int64_t(144) * 8 * 32 * 4160);
 
   // bf16 chunk-8 landmarks: 128·2/8 = 32 B per head per token — SPEC: the same
   // order of GPU memory as 2-bit per-token landmarks (8192 vs 8704).

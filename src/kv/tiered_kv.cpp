@@ -233,7 +233,7 @@ void TieredSeq::grow(int64_t need) {
     };
     regrow_rows(L.plane0, p0_row_, p0_row, H);
     if (p1_row) regrow_rows(L.plane1, p1_row_, p1_row, H);
-    Buffer host = dev_.alloc_host(size_t(cap * plan_.host_tok_bytes));
+    Buffer host = alloc_store(size_t(cap * plan_.host_tok_bytes));
     if (L.host) copy(x_, host.data(), L.host.data(), size_t(n * plan_.host_tok_bytes));
     L.host = std::move(host);
     if (!decoding_) {
@@ -258,7 +258,7 @@ void TieredSeq::grow(int64_t need) {
       }
     } else {
       if (plan_.host == HostLayout::values_only) {
-        Buffer kp = dev_.alloc_host(size_t(std::max<int64_t>(1, cap - n_prompt_) * plan_.host_tok_bytes));
+        Buffer kp = alloc_store(size_t(std::max<int64_t>(1, cap - n_prompt_) * plan_.host_tok_bytes));
         if (L.kplane) copy(x_, kp.data(), L.kplane.data(), size_t((n - n_prompt_) * plan_.host_tok_bytes));
         L.kplane = std::move(kp);
       }
@@ -342,7 +342,7 @@ void TieredSeq::start_decode() {
     fill(x_, L.prev_sel.data(), cache_all_ ? 0 : 0xff, L.prev_sel.bytes());  // cache=all: no token held yet
     fill(x_, L.prev_slot.data(), 0xff, L.prev_slot.bytes());
     if (plan_.host == HostLayout::values_only) {
-      L.kplane = dev_.alloc_host(size_t(std::max<int64_t>(1, cap_ - n_prompt_) * plan_.host_tok_bytes));
+      L.kplane = alloc_store(size_t(std::max<int64_t>(1, cap_ - n_prompt_) * plan_.host_tok_bytes));
     }
   }
   sync(x_);
@@ -374,7 +374,15 @@ void TieredSeq::choose_cache() {
     const auto [f, t] = dev_.mem_info();
     free_b = int64_t(f), total_b = int64_t(t);
   }
-  cache_all_ = choose_cache_all(plan_.policy.cache, gpu, all_bytes, free_b, total_b);
+  // A store in GPU memory is read there at device speed: decoding it again
+  // into every token's slot would take 3.6x its memory (HIGGS4) for little.
+  const CacheMode mode = plan_.policy.cache == CacheMode::auto_ && store_on_gpu() ? CacheMode::step
+                                                                                  : plan_.policy.cache;
+  cache_all_ = choose_cache_all(mode, gpu, all_bytes, free_b, total_b);
+}
+
+Buffer TieredSeq::alloc_store(size_t bytes) const {
+  return store_on_gpu() ? dev_.alloc(bytes) : dev_.alloc_host(bytes);
 }
 
 KvMemory TieredSeq::memory() const {
@@ -404,6 +412,10 @@ KvMemory TieredSeq::memory() const {
     if (plan_.host_spec.kind == QuantKind::nvfp4) m.host_bytes += 8;  // the per-tensor scales
     (void)L;
   }
+  if (plan_.policy.store == StoreMode::gpu) {  // the store is GPU memory (the CPU device: the GPU tier's RAM)
+    m.gpu_bytes += m.host_bytes;
+    m.host_bytes = 0;
+  }
   return m;
 }
 
@@ -416,7 +428,9 @@ KvStats TieredSeq::stats() const {
   for (int64_t n : n_) s.n_steps += std::max<int64_t>(0, n - n_prompt_);
   s.n_selected = int64_t(c[0]);
   s.n_fetched = int64_t(c[1]);
-  s.bytes_fetched = s.n_fetched * plan_.host_entry_bytes;  // a miss reads one entry (layer-wide: the whole record)
+  // Bytes over PCIe: a miss reads one entry (layer-wide: the whole record);
+  // none when the store is in GPU memory.
+  s.bytes_fetched = store_on_gpu() ? 0 : s.n_fetched * plan_.host_entry_bytes;
   return s;
 }
 

@@ -79,6 +79,8 @@ class TieredSeq {
   int64_t budget_tokens() const { return budget_; }
   int kmax_tokens() const { return kmax_tok_; }
   bool cache_all() const { return cache_all_; }        // policy cache=all (or auto that chose it)
+  // policy store=gpu on a CUDA device: the store (host tier) in device memory
+  bool store_on_gpu() const { return plan_.policy.store == StoreMode::gpu && dev_.kind() == DeviceKind::cuda; }
   bool prefill_streamed() const { return stream_; }     // policy prefill=stream (or auto that chose it)
   // Slots per row: kmax, or the capacity (cache=all: token t in slot t).
   int64_t slot_row_tokens() const { return cache_all_ ? cap_ : kmax_tok_; }
@@ -105,6 +107,7 @@ class TieredSeq {
   void grow(int64_t need);
   void finish_shadowkv();
   void choose_cache();
+  Buffer alloc_store(size_t bytes) const;  // the store's memory: pinned host, or device under store=gpu
   void choose_prefill(int64_t cap);
   // Streamed prefill: a layer's K/V [cap][H·D] at the activation precision,
   // and fetch_dense's staging. Two on CUDA: one is read into while the other

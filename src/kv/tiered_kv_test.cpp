@@ -149,6 +149,13 @@ TEST_P(TieredKvVsStore, SameAttentionOutputs) {
   // the step's kmax scratch slots.
   const int64_t slots = int64_t(L) * H * all.seq().capacity() * all.plan().slot_bytes;
   EXPECT_GE(all.memory().gpu_bytes, slots) << c.policy;
+  // store=gpu on the CPU device: the same RAM and the same answers (the
+  // store tests above), its bytes counted as the GPU tier's.
+  if (p.store == StoreMode::gpu) {
+    const KvMemory m = kv.memory();
+    EXPECT_EQ(m.host_bytes, 0) << c.policy;
+    EXPECT_GE(m.gpu_bytes, int64_t(L) * (n_prompt + n_steps) * kv.plan().host_tok_bytes) << c.policy;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -166,7 +173,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"shadowkv,rank=24,budget=32,outliers=4"},
                       Case{"shadowkv,rank=24,budget=32,outliers=4,gqa=mean"},
                       Case{"yakv,budget=32", 128, 8, 2}, Case{"yakv,budget=32", 64, 7, 1},
-                      Case{"yakv,budget=0.05,min_budget=24"}));
+                      Case{"yakv,budget=0.05,min_budget=24"}, Case{"yakv,budget=32,store=gpu"},
+                      Case{"shadowkv,rank=24,budget=32,outliers=4,store=gpu"}));
 
 // cache=auto takes every token's cache only when free GPU memory holds it
 // twice plus the margin (max(1 GiB, 10 % of the device)); never on the CPU.

@@ -152,7 +152,7 @@ void TieredSeq::stream_read(const Exec& x, int layer, int64_t t0, int64_t t1, St
   r.key_first = reinterpret_cast<const int64_t*>(d + 2);
   r.scratch = w.scratch.data();
   r.prefill_kpre = layers_[size_t(layer)].kpre.data<uint8_t>();
-  if (x.cuda()) r.dense_host = layers_[size_t(layer)].host.host_ptr<uint8_t>();
+  if (x.cuda() && !store_on_gpu()) r.dense_host = layers_[size_t(layer)].host.host_ptr<uint8_t>();
   fetch_dense(x, stream_params(layer, cap_), r, t0, t1, w.k.data<uint8_t>() + t0 * row, w.v.data<uint8_t>() + t0 * row);
 }
 

@@ -236,7 +236,8 @@ TEST(GpuModel, GreedyAndLogitsMatchCpuForEveryModelAndPreset) {
     for (const std::string policy :
          {"full", "yakv", "oracle", "shadowkv,budget=32", "landmarks", "yakv,kv=fp8,gqa=mean", "yakv,kv=fp8",
           "yakv,kv=nvfp4", "yakv,kv=bf16", "yakv,lm=higgs1", "yakv,lm=residual", "yakv,keys_prerope=1,sink=4",
-          "landmarks,chunk=4,lm=int4:g32", "full,kv=fp8", "yakv,budget=0.05,min_budget=16"}) {
+          "landmarks,chunk=4,lm=int4:g32", "full,kv=fp8", "yakv,budget=0.05,min_budget=16",
+          "yakv,store=gpu,cache=step", "shadowkv,budget=32,store=gpu"}) {
       const GreedyRun cpu = greedy(model, nullptr, policy, prompt, 64, 32);
       const int64_t cpu_ops = cpu_decode_op_calls();
       const GreedyRun got = greedy(model, gpu.get(), policy, prompt, 64, 32);
@@ -295,11 +296,18 @@ TEST(GpuModel, EngineRunsOnCudaAndMatchesCpuLogits) {
   SamplingParams s;
   s.max_new_tokens = 8;
   s.ignore_eos = true;
-  for (const std::string policy : {"full", "yakv"}) {
+  for (const std::string policy : {"full", "yakv", "yakv,store=gpu,cache=step"}) {
     const GenerationResult r = gpu->generate(prompt, s, policy);
     EXPECT_EQ(r.tokens.size(), 8u) << policy;
-    if (policy == "full") EXPECT_GT(r.kv_memory.gpu_bytes, 0);
-    else EXPECT_GT(r.kv_memory.host_bytes, 0);
+    if (policy == "full") {
+      EXPECT_GT(r.kv_memory.gpu_bytes, 0);
+    } else if (policy == "yakv") {
+      EXPECT_GT(r.kv_memory.host_bytes, 0);
+    } else {  // the store in GPU memory: no host bytes, misses read without PCIe
+      EXPECT_EQ(r.kv_memory.host_bytes, 0);
+      EXPECT_GT(r.kv_stats.n_fetched, 0);
+      EXPECT_EQ(r.kv_stats.bytes_fetched, 0);
+    }
   }
 }
 
@@ -363,7 +371,7 @@ TEST(GpuModel, EngineGpuKvBudgetBoundsWhatSequencesHold) {
   s.ignore_eos = true;
   const KvGeometry g = half->model().kv_geometry();
   const int64_t n_prompt = int64_t(prompt.size()), n_total = n_prompt + s.max_new_tokens;
-  for (const std::string policy : {"full", "yakv", "yakv,cache=step", "yakv,cache=all", "shadowkv"}) {
+  for (const std::string policy : {"full", "yakv", "yakv,cache=step", "yakv,cache=all", "shadowkv", "yakv,store=gpu"}) {
     const PolicyConfig pc = parse_policy(policy);
     const bool tiered = pc.index != IndexKind::none;
     // Under a roomy budget: auto is charged as step with the dense prefill copy;
@@ -405,6 +413,10 @@ TEST(GpuModel, EngineGpuKvBudgetBoundsWhatSequencesHold) {
   auto unbounded = Engine::load(o);
   const GenerationResult r = unbounded->generate(prompt, s, "yakv");
   EXPECT_GT(r.kv_memory.gpu_bytes, kv_gpu_charge(parse_policy("yakv"), g, n_prompt, n_total).decode_bytes);
+  // ... but not with the store in GPU memory: auto is then step.
+  const GenerationResult rs = unbounded->generate(prompt, s, "yakv,store=gpu");
+  EXPECT_EQ(rs.kv_memory.host_bytes, 0);
+  EXPECT_LE(rs.kv_memory.gpu_bytes, kv_gpu_charge(parse_policy("yakv,store=gpu"), g, n_prompt, n_total).decode_bytes);
 }
 
 // Policy prefill=stream on the GPU: each layer's K/V decoded from the host
@@ -433,7 +445,7 @@ TEST(GpuModel, StreamedPrefillMatchesTheDenseCopyAndTheCpu) {
   std::printf("[streamed prefill] bf16 host tier, stream vs dense: rel-L2 %.2e\n", same);
   EXPECT_LT(same, 1e-3);
   for (const std::string policy : {"yakv", "yakv,kv=fp8", "yakv,kv=higgs4:g128", "yakv,keys_prerope=1",
-                                   "yakv,kv=nvfp4", "oracle", "landmarks", "shadowkv"}) {
+                                   "yakv,kv=nvfp4", "oracle", "landmarks", "shadowkv", "yakv,store=gpu"}) {
     const std::string p = policy + ",prefill=stream";
     const auto lg = gpu->logits(prompt, p), lc = cpu->logits(prompt, p), lo = gpu_one_shot->logits(prompt, p);
     const double vs_cpu = rel(lg, lc), vs_one = rel(lg, lo);
@@ -468,7 +480,8 @@ TEST(GpuModel, BatchedDecodeStepsMatchEachSequenceAlone) {
     // Sequences of one tiered policy run each stage of their attention as one
     // launch (a DecodeBatch of several sequences): yakv and yakv,kv=fp8 twice.
     const std::vector<std::string> policies{"full", "yakv", "yakv,kv=fp8", "full,kv=fp8", "yakv,budget=0.05,min_budget=16",
-                                            "oracle", "full", "yakv", "yakv,kv=fp8"};
+                                            "oracle", "full", "yakv", "yakv,kv=fp8", "yakv,store=gpu,cache=step",
+                                            "yakv,store=gpu,cache=step"};
     const int n = int(policies.size());
     std::vector<std::vector<int32_t>> prompts;
     std::vector<GreedyRun> solo;
