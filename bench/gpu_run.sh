@@ -75,8 +75,8 @@ for s in $STEPS; do
     score) step score 200 "$BIN/kvt_score_bench" --batch 1,6,12,20 --blocks auto,wave --json "$OUT/score.json" ;;
     maxbatch)  # 128K prompts whose first 126,976 tokens' K/V are random (bench/results/gpu/batch/README.md)
       M=(-m shape:llama3.1-8b -c 132000 --prefill-chunk 4096 -p 131072 --random-kv 126976 -g 16 -r 1 --json)
-      step maxbatch_full 300 "$K" perf --device cuda "${M[@]}" --batch 6 --kv full
-      step maxbatch_yakv 500 "$K" perf --device cuda "${M[@]}" --batch 6,12 --kv "yakv,prefill=stream" ;;
+      step maxbatch_full 200 "$K" perf --device cuda "${M[@]}" --batch 6 --kv full
+      step maxbatch_store_gpu 330 "$K" perf --device cuda "${M[@]}" --batch 6,12,18 --kv "yakv,store=gpu,prefill=stream" ;;
     *) echo "unknown step $s" ;;
   esac
 done
