@@ -175,6 +175,67 @@ struct HiggsDims {
         lg(ilog2(kFixed ? kG : f.group)) {}
 };
 
+// A head's own record of D = 32·V values in one Hadamard group with a 2-D
+// grid (the default HIGGS4 entry at head_dim 128 or 64), decoded in
+// registers: lane l holds values l·V … l·V + V − 1 (its V/2 codes), the
+// butterflies of span < V run inside the lane and those of span V·2^b
+// between lanes l and l ^ 2^b by shuffles, then the scale, the signs and
+// one V·2-byte store. Every value sees the same operations in the same
+// order as the shared-memory path (so as dev_dequantize), with a few
+// instructions per value instead of shared-memory round trips per span.
+template <int kDim>
+__device__ __forceinline__ void higgs_decode_regs(const FetchParams& p, const DevFormat& f, const FetchRows& fr,
+                                                  int64_t r, const uint8_t* rec, int2 ts, int which, int lane) {
+  constexpr int V = kDim / 32, C = V / 2;
+  static_assert(V >= 2 && (V & (V - 1)) == 0, "two or more values per lane, a power of two");
+  const uint8_t* mp = rec + f.meta_offset;
+  const float sigma = qdev::bf16_f32(uint32_t(mp[0]) | uint32_t(mp[1]) << 8);
+  float v[V];
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    const int code = min(int(rec[lane * C + c]), f.grid_size - 1);
+    const float2 pt = *reinterpret_cast<const float2*>(f.grid + 2 * code);
+    v[2 * c] = qdev::f_mul(sigma, pt.x);
+    v[2 * c + 1] = qdev::f_mul(sigma, pt.y);
+  }
+#pragma unroll
+  for (int hh = 1; hh < V; hh *= 2)
+#pragma unroll
+    for (int i = 0; i < V; ++i)
+      if (!(i & hh)) {
+        const float a = v[i], b = v[i + hh];
+        v[i] = qdev::f_add(a, b);
+        v[i + hh] = qdev::f_sub(a, b);
+      }
+#pragma unroll
+  for (int m = 1; m < 32; m *= 2) {
+    const bool upper = (lane & m) != 0;  // holds the pair's second value: a − b with a its partner's
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      const float o = __shfl_xor_sync(0xffffffffu, v[i], m);
+      v[i] = upper ? qdev::f_sub(o, v[i]) : qdev::f_add(v[i], o);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    float u = qdev::f_mul(v[i], f.hadamard_scale);
+    if (f.signs) u = qdev::f_mul(u, f.signs[lane * V + i]);
+    v[i] = u;
+  }
+  __nv_bfloat16* dst = dst_of(p, fr, r, ts.y, which) + lane * V;
+  __nv_bfloat162 pk[V / 2];
+#pragma unroll
+  for (int i = 0; i < V / 2; ++i) pk[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+  if ((reinterpret_cast<uintptr_t>(dst) & (2 * V - 1)) == 0) {
+    if constexpr (V == 4) *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(pk);
+    else *reinterpret_cast<__nv_bfloat162*>(dst) = pk[0];
+  } else {
+#pragma unroll
+    for (int i = 0; i < V / 2; ++i) dst[2 * i] = pk[i].x, dst[2 * i + 1] = pk[i].y;
+  }
+  __syncwarp();  // the record's shared memory is the next item's
+}
+
 // One miss's K (which 0) or V (1) of row r, from its record `rec` (the head's
 // entry, or the token's layer-wide record), into its slot (or dense row):
 // the whole warp, y its [dim] floats of shared memory.
@@ -194,6 +255,12 @@ __device__ __forceinline__ void higgs_decode_one(const FetchParams& p, const Dev
   } else {
     rec += int64_t(which) * f.bytes;
     if (p.layer_wide && !fr.dense_k) off = int64_t(h) * D;
+  }
+  if constexpr (kDim >= 64 && kG == kDim && kGd == 2) {
+    if (!p.values_only && !p.layer_wide && !(which == 0 && p.keys_prerope)) {  // RoPE: the pairs below
+      higgs_decode_regs<kDim>(p, f, fr, r, rec, ts, which, lane);
+      return;
+    }
   }
   for (int g = 0; g < z.n_group; ++g) {
     const uint8_t* mp = rec + f.meta_offset + 2 * g;
