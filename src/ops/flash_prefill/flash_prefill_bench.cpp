@@ -19,13 +19,13 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "backend/cuda_backend.h"
 #include "backend/cuda_device.h"
+#include "ops/bench_args.h"
 #include "core/half.h"
 #include "ops/flash_prefill/flash_prefill_cuda.h"
 
@@ -52,25 +52,15 @@ FlashPrefillKernel parse_kernel(const std::string& s) {
   fail("unknown kernel '{}' (automatic, mma_sync, wgmma, wgmma_serial)", s);
 }
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> v;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');) v.push_back(item);
-  return v;
-}
-
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    KVT_CHECK(i + 1 < argc, "{} needs a value", a);
-    const std::string val = argv[++i];
+  for_each_option(argc, argv, [&](const std::string& a, const std::string& val) {
     if (a == "--lengths") {
       o.lengths.clear();
-      for (auto& x : split(val)) o.lengths.push_back(std::stoll(x));
+      for (auto& x : split_list(val)) o.lengths.push_back(std::stoll(x));
     } else if (a == "--kernels") {
       o.kernels.clear();
-      for (auto& x : split(val)) o.kernels.push_back(parse_kernel(x));
+      for (auto& x : split_list(val)) o.kernels.push_back(parse_kernel(x));
     } else if (a == "--reps") {
       o.reps = std::stoi(val);
     } else if (a == "--peak") {
@@ -80,7 +70,7 @@ Options parse(int argc, char** argv) {
     } else {
       fail("unknown option {} (--lengths, --kernels, --reps, --peak, --json)", a);
     }
-  }
+  });
   KVT_CHECK(o.reps >= 1 && !o.lengths.empty() && !o.kernels.empty(), "nothing to time");
   for (int64_t n : o.lengths) KVT_CHECK(n >= kSampleRows * 3, "length {} below {}", n, kSampleRows * 3);
   return o;

@@ -19,12 +19,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "backend/cuda_backend.h"
 #include "backend/cuda_device.h"
+#include "ops/bench_args.h"
 #include "backend/device.h"
 #include "core/status.h"
 #include "ops/index_score/index_rows.h"
@@ -44,27 +44,17 @@ struct Options {
   std::string json_path;
 };
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> v;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');) v.push_back(item);
-  return v;
-}
-
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    KVT_CHECK(i + 1 < argc, "{} needs a value", a);
-    const std::string val = argv[++i];
+  for_each_option(argc, argv, [&](const std::string& a, const std::string& val) {
     if (a == "--tokens") {
       o.tokens = std::stoll(val);
     } else if (a == "--batch") {
       o.batch.clear();
-      for (auto& x : split(val)) o.batch.push_back(std::stoi(x));
+      for (auto& x : split_list(val)) o.batch.push_back(std::stoi(x));
     } else if (a == "--blocks") {
       o.blocks.clear();
-      for (auto& x : split(val)) o.blocks.push_back(x == "auto" ? 0 : x == "wave" ? -1 : std::stoi(x));
+      for (auto& x : split_list(val)) o.blocks.push_back(x == "auto" ? 0 : x == "wave" ? -1 : std::stoi(x));
     } else if (a == "--reps") {
       o.reps = std::stoi(val);
     } else if (a == "--json") {
@@ -72,7 +62,7 @@ Options parse(int argc, char** argv) {
     } else {
       fail("unknown option {} (--tokens, --batch, --blocks, --reps, --json)", a);
     }
-  }
+  });
   KVT_CHECK(o.reps >= 1 && o.tokens >= 1024 && !o.batch.empty() && !o.blocks.empty(), "nothing to time");
   for (int b : o.batch) KVT_CHECK(b >= 1 && b <= 256, "batch {} outside 1..256", b);
   for (int b : o.blocks) KVT_CHECK(b >= -1 && b <= 256, "blocks per row {} outside 1..256 (or auto, wave)", b);
