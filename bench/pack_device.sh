@@ -7,19 +7,22 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${1:-build-cuda}
-rm -rf .device/stage && mkdir -p .device/stage/bin .device/stage/lib
-cp "$B/kvt_cuda_tests" "$B/tools/kvtier" .device/stage/bin/
-for b in kvt_flash_prefill_bench kvt_moe_bench kvt_host_rows_bench kvt_score_bench; do [ -f "$B/src/ops/$b" ] && cp "$B/src/ops/$b" .device/stage/bin/; done
-strip .device/stage/bin/*
-for b in .device/stage/bin/*; do
+ST=.device/stage$$
+rm -rf "$ST" && mkdir -p "$ST/bin" "$ST/lib"
+cp "$B/kvt_cuda_tests" "$B/tools/kvtier" "$ST"/bin/
+for b in kvt_flash_prefill_bench kvt_moe_bench kvt_host_rows_bench kvt_score_bench; do [ -f "$B/src/ops/$b" ] && cp "$B/src/ops/$b" "$ST"/bin/; done
+strip "$ST"/bin/*
+for b in "$ST"/bin/*; do
   ldd "$b" | awk '/=> \// {print $3}' |
     grep -E 'libfmt|libopenblas|libblas|liblapack|libpcre2|libgfortran|libquadmath|libboost|liblzma|libgomp|libcpp-httplib|libbrotli' || true
-done | sort -u | while read -r lib; do cp -L "$lib" .device/stage/lib/; done
+done | sort -u | while read -r lib; do cp -L "$lib" "$ST"/lib/; done
 # BINS="kvtier kvt_cuda_tests" packs only those (the device tool's upload holds
-# the working tree and the pack within 64 MiB); xz -9e shrinks it further.
+# the working tree and the pack within 64 MiB; when both do not fit, pack each
+# alone: PACK=.device/packT.tar.xz names the archive); xz -9e shrinks it further.
 if [ -n "${BINS:-}" ]; then
-  for b in .device/stage/bin/*; do case " $BINS " in *" $(basename "$b") "*) ;; *) rm "$b" ;; esac; done
+  for b in "$ST"/bin/*; do case " $BINS " in *" $(basename "$b") "*) ;; *) rm "$b" ;; esac; done
 fi
-XZ_OPT=-9e tar -C .device/stage -cJf .device/pack.tar.xz bin lib
-rm -rf .device/stage
-ls -la .device/pack.tar.xz
+OUTP=${PACK:-.device/pack.tar.xz}
+XZ_OPT=-9e tar -C "$ST" -cJf "$OUTP" bin lib
+rm -rf "$ST"
+ls -la "$OUTP"

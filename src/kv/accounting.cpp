@@ -77,7 +77,9 @@ KvGpuCharge kv_gpu_charge(const PolicyConfig& p, const KvGeometry& g, int64_t n_
   const int64_t HL = int64_t(g.n_kv_head) * g.n_layer;
   const int64_t kmax = std::max<int64_t>(1, budget_tokens(plan.policy, n_prompt) / plan.chunk) * plan.chunk;
   c.decode_bytes += kmax * 4 * HL;
-  if (plan.policy.cache == CacheMode::all) {
+  if (plan.in_place) {
+    c.decode_bytes += kmax * 4 * HL;  // the selection state; no slot
+  } else if (plan.policy.cache == CacheMode::all) {
     const int64_t room = std::max(n_total, kTieredMinCapacity) - n_total;
     c.decode_bytes += (room * plan.slot_bytes + (room + 7) / 8 + 4) * HL;
   } else {
@@ -103,7 +105,8 @@ KvGpuCharge kv_gpu_charge(const PolicyConfig& p, const KvGeometry& g, int64_t n_
 
 PolicyConfig policy_under_gpu_budget(PolicyConfig p, const KvGeometry& g, int64_t n_prompt, int64_t n_total,
                                      int64_t budget) {
-  if (p.cache == CacheMode::auto_) p.cache = CacheMode::step;
+  // auto is step, except where the store is read in place (plan_kv decides).
+  if (p.cache == CacheMode::auto_ && p.store != StoreMode::gpu) p.cache = CacheMode::step;
   if (p.index != IndexKind::none && p.prefill == PrefillMode::auto_) {
     p.prefill = PrefillMode::dense;
     if (kv_gpu_charge(p, g, n_prompt, n_total).peak() > budget) p.prefill = PrefillMode::stream;

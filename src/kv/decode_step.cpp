@@ -3,12 +3,15 @@
 //   score the key index → select the top-k chunks (∪ sinks, window, outliers)
 //   → fetch the selected K|V (only slot-cache misses cross PCIe)
 //   ∥ attend to the resident tokens → attend to the fetched ones → merge by LSE.
+// With the store in GPU memory (plan in_place, policy cache=none) the fetch
+// and its slots drop out: the attention reads the selected records themselves.
 // Each stage is one op over all rows (row = sequence · KV head); the state it
 // reads is built once by DecodeBatch (decode_batch.cpp). No allocation, no
 // host synchronization: on CUDA the whole step is kernels on two streams.
 #include "backend/stage_clock.h"
 #include "kv/decode_batch.h"
 #include "ops/decode_attn/decode_attn.h"
+#include "ops/decode_attn/record_attn.h"
 #include "ops/gather/fetch.h"
 #include "ops/index_score/index_rows.h"
 
@@ -70,22 +73,38 @@ void decode_step(DecodeBatch& b, int layer, const void* q, float scale, void* ou
   b.last_sel_ = sel;
   b.last_sel_width_ = sel == b.chunks_.data<int32_t>() ? b.kmax_chunk_ : b.kmax_tok_;
 
-  // 3. Fetch the selected K|V (the slot cache keeps what earlier steps read).
-  stage(x, "fetch");
-  FetchView view;
-  FetchParams fp = b.fetch_params();
-  fp.seq_scales = b.seq_scales(layer);
-  fetch_rows(x, fp, sel, b.fetch_rows(t), b.view_rows(), &view);
+  if (k.in_place) {
+    // 3–4. Attend to the selected records where the store lies → parts 1..n_split.
+    stage(x, "attend");
+    RecordAttnParams ra;
+    ra.attn = DecodeAttnParams{n_seq, g.n_head, H, D, scale, KvElt::bf16};
+    ra.attn.idx_stride = ra.attn.n_tok_fixed = ra.attn.n_tok_max = b.kmax_tok_;
+    ra.attn.n_split = b.n_split_;
+    ra.attn.part0 = 1;
+    const FetchParams fp = b.fetch_params();
+    ra.fmt = fp.fmt;
+    ra.entry_bytes = fp.entry_bytes;
+    ra.tok_bytes = fp.tok_bytes;
+    ra.counters = t.counters;
+    decode_attn_records(x, ra, q, t.host, sel, part_out, part_lse);
+  } else {
+    // 3. Fetch the selected K|V (the slot cache keeps what earlier steps read).
+    stage(x, "fetch");
+    FetchView view;
+    FetchParams fp = b.fetch_params();
+    fp.seq_scales = b.seq_scales(layer);
+    fetch_rows(x, fp, sel, b.fetch_rows(t), b.view_rows(), &view);
 
-  // 4. Attend to the fetched tokens → parts 1..n_split.
-  stage(x, "attend");
-  DecodeAttnParams fa{n_seq, g.n_head, H, D, scale, view.elt};
-  fa.tok_stride = view.tok_stride;
-  fa.v_offset = view.v_offset;
-  fa.idx_stride = fa.n_tok_fixed = fa.n_tok_max = b.kmax_tok_;
-  fa.n_split = b.n_split_;
-  fa.part0 = 1;
-  decode_attn(x, fa, q, view.rows, view.idx, part_out, part_lse);
+    // 4. Attend to the fetched tokens → parts 1..n_split.
+    stage(x, "attend");
+    DecodeAttnParams fa{n_seq, g.n_head, H, D, scale, view.elt};
+    fa.tok_stride = view.tok_stride;
+    fa.v_offset = view.v_offset;
+    fa.idx_stride = fa.n_tok_fixed = fa.n_tok_max = b.kmax_tok_;
+    fa.n_split = b.n_split_;
+    fa.part0 = 1;
+    decode_attn(x, fa, q, view.rows, view.idx, part_out, part_lse);
+  }
 
   // 5. Merge with the resident part by log-sum-exp.
   stage(x, "merge");  // waits for the resident part, if it has not finished

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/status.h"
+#include "ops/decode_attn/record_attn.h"
 #include "ops/quant/residual_quant.h"
 
 namespace kvtier {
@@ -155,7 +156,17 @@ KvPlan plan_kv(const PolicyConfig& p, const KvGeometry& g, DeviceKind device) {
   if (raw) k.fetch_elt = k.host_spec.kind == QuantKind::fp8 ? KvElt::fp8 : k.host_spec.kind == QuantKind::f32 ? KvElt::f32 : KvElt::bf16;
   else k.fetch_elt = gpu ? KvElt::bf16 : KvElt::f32;
   k.slot_bytes = 2 * int64_t(D) * (k.fetch_elt == KvElt::fp8 ? 1 : k.fetch_elt == KvElt::bf16 ? 2 : 4);
-  if (gpu)
+  // ---- in place: the store in device memory, read by the attention itself
+  const bool readable = gpu && p.store == StoreMode::gpu && k.host == HostLayout::per_head && !p.keys_prerope &&
+                        record_attn_supported(RecordFormat{k.host_spec, D, k.host_rec_bytes}, D, g.n_head, H);
+  KVT_CHECK(readable || p.cache != CacheMode::none || !gpu,
+            "kv policy {}: cache=none reads HIGGS records of byte codes, one group per KV head (kv=higgs4:g{} with "
+            "head_dim 64 or 128, GQA ≤ 8, keys_prerope=0) in place; use cache=step", to_string(p), D);
+  k.in_place = readable && (p.cache == CacheMode::none || p.cache == CacheMode::auto_);
+  if (k.in_place)
+    k.notes.push_back("decode: attention reads the selected tokens' records in the store (GPU memory), in the "
+                      "rotated domain: no slot cache");
+  else if (gpu)
     k.notes.push_back(fmt::format("decode: the selected tokens' K|V kept in a GPU slot cache ({} per slot{}); a token "
                                   "selected again is not read again",
                                   elt_name(k.fetch_elt), k.dequant_on_fetch ? ", rebuilt from the host records" : ""));

@@ -72,6 +72,9 @@ struct KvPlan {
   bool dequant_on_fetch = false;
   KvElt fetch_elt = KvElt::bf16;
   int64_t slot_bytes = 0;     // one fetched K|V
+  // The attention reads the selected records in the store itself (policy
+  // cache=none, or auto where it can; record_attn.h): no slot cache.
+  bool in_place = false;
 
   std::vector<std::string> notes;  // where each part lives and why
   std::string describe() const;    // the policy, the device, the notes

@@ -110,6 +110,7 @@ const char* cache_mode_name(CacheMode m) {
   switch (m) {
     case CacheMode::step: return "step";
     case CacheMode::all: return "all";
+    case CacheMode::none: return "none";
     default: return "auto";
   }
 }
@@ -238,7 +239,8 @@ PolicyConfig parse_policy(const std::string& text) {
       if (v == "auto") p.cache = CacheMode::auto_;
       else if (v == "step") p.cache = CacheMode::step;
       else if (v == "all") p.cache = CacheMode::all;
-      else fail("kv policy: cache={} is not valid (valid: auto, step, all)", v);
+      else if (v == "none") p.cache = CacheMode::none;
+      else fail("kv policy: cache={} is not valid (valid: auto, step, all, none)", v);
     } else if (key == "prefill") {
       if (v == "auto") p.prefill = PrefillMode::auto_;
       else if (v == "dense") p.prefill = PrefillMode::dense;
@@ -263,6 +265,9 @@ PolicyConfig parse_policy(const std::string& text) {
     forbid(dense, k, "dense attention selects nothing");
   forbid(dense, "prefill", "dense attention keeps every token's K/V on the device");
   forbid(dense, "store", "dense attention has no quantized store: its K/V stay on the device");
+  KVT_CHECK(p.cache != CacheMode::none || p.store == StoreMode::gpu,
+            "kv policy '{}': cache=none reads the store in place, which needs store=gpu (a store in host memory "
+            "would be read over PCIe at every step)", text);
   forbid(p.index != IndexKind::shadowkv, "rank", "only the shadowkv index has an SVD");
   forbid(p.index != IndexKind::shadowkv, "outliers", "outlier chunks belong to the shadowkv index");
   forbid(p.index == IndexKind::exact, "chunk", "the exact index scores every token");

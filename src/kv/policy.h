@@ -22,14 +22,18 @@
 //   cache   : the decoded K/V kept on the GPU between steps: step (the last
 //             step's selection, kmax slots per KV head), all (every token of the
 //             context, filled from the host tier when decode starts, so only
-//             generated tokens cross PCIe, once), auto (all when free GPU
-//             memory holds it twice with a margin, else step; step on the CPU)
+//             generated tokens cross PCIe, once), none (no decoded K/V: the
+//             attention reads the selected tokens' records where the store
+//             lies; store=gpu with HIGGS byte-code records of one group per
+//             head, e.g. the default kv), auto (none where store=gpu allows
+//             it, else all when free GPU memory holds it twice with a margin,
+//             else step; step on the CPU)
 //   store   : where the quantized K/V store (the host tier) lives: host
 //             (pinned RAM) or gpu (device memory, on a CUDA device: the
 //             sequence takes no host memory and its misses are read from
 //             device memory instead of over PCIe; about 3.6x less GPU memory
 //             than bf16 K/V at HIGGS4, so more sequences fit when the batch
-//             is bound by GPU memory; cache=auto is then step). On the CPU
+//             is bound by GPU memory; cache=auto is then none or step). On the CPU
 //             device every tier is in RAM and the knob changes nothing.
 //   prefill : what the prompt's attention reads: dense (a copy of every
 //             layer's K/V at the activation precision, on the device until
@@ -49,7 +53,7 @@ namespace kvtier {
 
 enum class IndexKind { none, landmarks, exact, shadowkv };
 enum class GqaMode { shadowkv, mean };
-enum class CacheMode { auto_, step, all };
+enum class CacheMode { auto_, step, all, none };
 const char* cache_mode_name(CacheMode m);
 enum class PrefillMode { auto_, dense, stream };
 const char* prefill_mode_name(PrefillMode m);
@@ -127,7 +131,8 @@ int64_t kv_charge_bytes(const PolicyConfig& p, const KvGeometry& g, int64_t n_ct
 // its prompt runs (an offloaded policy prefills over a bf16 K/V copy, then
 // moves the K/V to the host tier) and while it decodes (key index, resident
 // windows, SVD factors, and the slot cache: budget-sized under cache=step and
-// cache=auto, every token's under cache=all). `full` holds the same bf16 K/V
+// cache=auto, every token's under cache=all, none when the attention reads the
+// store in place: cache=none, or auto under store=gpu where it can). `full` holds the same bf16 K/V
 // in both phases. Buffers are counted at the capacity the engine reserves
 // under a GPU budget: n_total tokens.
 struct KvGpuCharge {
@@ -141,7 +146,7 @@ KvGpuCharge kv_gpu_charge(const PolicyConfig& p, const KvGeometry& g, int64_t n_
 
 // The policy a sequence runs under a GPU KV budget of `budget` bytes (> 0),
 // its automatic choices made by what is charged rather than by free memory:
-// cache=auto is step, and prefill=auto is dense when the dense copy's charge
+// cache=auto is step (none where the store is read in place), and prefill=auto is dense when the dense copy's charge
 // fits the budget, else stream.
 PolicyConfig policy_under_gpu_budget(PolicyConfig p, const KvGeometry& g, int64_t n_prompt, int64_t n_total,
                                      int64_t budget);

@@ -136,6 +136,17 @@ TEST(Policy, ErrorsNameTheKeyAndTheValidValues) {
   EXPECT_NE(error_of("full,prefill=stream").find("prefill"), std::string::npos);
   EXPECT_NE(error_of("yakv,store=disk").find("host, gpu"), std::string::npos);
   EXPECT_NE(error_of("full,store=gpu").find("store"), std::string::npos);
+  EXPECT_NE(error_of("yakv,cache=none").find("store=gpu"), std::string::npos);
+  EXPECT_NE(error_of("yakv,cache=never").find("none"), std::string::npos);
+  EXPECT_EQ(parse_policy("yakv,store=gpu,cache=none").cache, CacheMode::none);
+  EXPECT_NE(to_string(parse_policy("yakv,store=gpu,cache=none")).find(",cache=none"), std::string::npos);
+  // A store the attention cannot read in place, on CUDA: cache=none is refused (step would serve).
+  try {
+    plan_kv(parse_policy("yakv,store=gpu,cache=none,kv=fp8"), KvGeometry{32, 32, 8, 128}, DeviceKind::cuda);
+    ADD_FAILURE() << "cache=none with an fp8 store was planned";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cache=step"), std::string::npos) << e.what();
+  }
   EXPECT_NE(error_of("yakv,index=svd").find("none, landmarks, exact, shadowkv"),
             std::string::npos);
   EXPECT_NE(error_of("yakv,kv=int9").find("kv=int9"), std::string::npos);
@@ -196,6 +207,19 @@ TEST(Accounting, Llama31_8BMatchesSpecArithmetic) {
   const KvGpuCharge ch = kv_gpu_charge(parse_policy("yakv,cache=step"), g, 4096, 4160);
   EXPECT_EQ(cs.decode_bytes - ch.decode_bytes, int64_t(144) * 8 * 32 * 4160);
   EXPECT_EQ(cs.prefill_bytes - ch.prefill_bytes, int64_t(144) * 8 * 32 * 4160);
+  // ... read in place (cache=none, or auto under store=gpu on CUDA): no
+  // slots, 512 B per selected token, KV head and layer less than step.
+  const int64_t kmax = budget_tokens(parse_policy("yakv"), 4096);  // chunk 1
+  for (const char* in_place : {"yakv,store=gpu,cache=none", "yakv,store=gpu"}) {
+    SCOPED_TRACE(in_place);
+    EXPECT_TRUE(plan_kv(parse_policy(in_place), g, DeviceKind::cuda).in_place);
+    EXPECT_FALSE(plan_kv(parse_policy(in_place), g, DeviceKind::cpu).in_place);  // the CPU keeps its slot cache
+    EXPECT_EQ(cs.decode_bytes - kv_gpu_charge(parse_policy(in_place), g, 4096, 4160).decode_bytes,
+              kmax * 512 * 8 * 32);
+  }
+  EXPECT_FALSE(plan_kv(parse_policy("yakv,store=gpu,cache=step"), g, DeviceKind::cuda).in_place);
+  EXPECT_FALSE(plan_kv(parse_policy("yakv"), g, DeviceKind::cuda).in_place);
+  EXPECT_FALSE(plan_kv(parse_policy("yakv,store=gpu,kv=fp8"), g, DeviceKind::cuda).in_place);  // auto: step
 
   // bf16 chunk-8 landmarks: 128·2/8 = 32 B per head per token — SPEC: the same
   // order of GPU memory as 2-bit per-token landmarks (8192 vs 8704).

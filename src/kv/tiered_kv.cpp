@@ -366,6 +366,10 @@ bool choose_cache_all(CacheMode mode, bool gpu, int64_t all_bytes, int64_t free,
 
 // cache=all: every token's decoded K|V on the GPU (slot = token).
 void TieredSeq::choose_cache() {
+  if (plan_.in_place) {  // no slot cache: the attention reads the store
+    cache_all_ = false;
+    return;
+  }
   const KvGeometry& g = plan_.geometry;
   const bool gpu = dev_.kind() == DeviceKind::cuda;
   const int64_t all_bytes = int64_t(g.n_layer) * g.n_kv_head * (cap_ * plan_.slot_bytes + (cap_ + 31) / 32 * 4);

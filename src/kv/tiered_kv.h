@@ -82,8 +82,9 @@ class TieredSeq {
   // policy store=gpu on a CUDA device: the store (host tier) in device memory
   bool store_on_gpu() const { return plan_.policy.store == StoreMode::gpu && dev_.kind() == DeviceKind::cuda; }
   bool prefill_streamed() const { return stream_; }     // policy prefill=stream (or auto that chose it)
-  // Slots per row: kmax, or the capacity (cache=all: token t in slot t).
-  int64_t slot_row_tokens() const { return cache_all_ ? cap_ : kmax_tok_; }
+  // Slots per row: kmax, the capacity (cache=all: token t in slot t), or none
+  // (the plan's in_place: the attention reads the store).
+  int64_t slot_row_tokens() const { return plan_.in_place ? 0 : cache_all_ ? cap_ : kmax_tok_; }
   // prev_sel words per row: the last selection, or (cache=all) the bitmap of the tokens held.
   int64_t sel_state_words() const { return cache_all_ ? (cap_ + 31) / 32 : kmax_tok_; }
   bool needs_fill() const { return needs_fill_; }          // cache=all: the prompt is not in the slots yet

@@ -237,7 +237,7 @@ TEST(GpuModel, GreedyAndLogitsMatchCpuForEveryModelAndPreset) {
          {"full", "yakv", "oracle", "shadowkv,budget=32", "landmarks", "yakv,kv=fp8,gqa=mean", "yakv,kv=fp8",
           "yakv,kv=nvfp4", "yakv,kv=bf16", "yakv,lm=higgs1", "yakv,lm=residual", "yakv,keys_prerope=1,sink=4",
           "landmarks,chunk=4,lm=int4:g32", "full,kv=fp8", "yakv,budget=0.05,min_budget=16",
-          "yakv,store=gpu,cache=step", "shadowkv,budget=32,store=gpu"}) {
+          "yakv,store=gpu,cache=step", "yakv,store=gpu", "shadowkv,budget=32,store=gpu"}) {
       const GreedyRun cpu = greedy(model, nullptr, policy, prompt, 64, 32);
       const int64_t cpu_ops = cpu_decode_op_calls();
       const GreedyRun got = greedy(model, gpu.get(), policy, prompt, 64, 32);
@@ -296,17 +296,21 @@ TEST(GpuModel, EngineRunsOnCudaAndMatchesCpuLogits) {
   SamplingParams s;
   s.max_new_tokens = 8;
   s.ignore_eos = true;
-  for (const std::string policy : {"full", "yakv", "yakv,store=gpu,cache=step"}) {
+  for (const std::string policy : {"full", "yakv", "yakv,store=gpu,cache=step", "yakv,store=gpu"}) {
     const GenerationResult r = gpu->generate(prompt, s, policy);
     EXPECT_EQ(r.tokens.size(), 8u) << policy;
     if (policy == "full") {
       EXPECT_GT(r.kv_memory.gpu_bytes, 0);
     } else if (policy == "yakv") {
       EXPECT_GT(r.kv_memory.host_bytes, 0);
-    } else {  // the store in GPU memory: no host bytes, misses read without PCIe
+    } else if (policy.ends_with("cache=step")) {  // the store in GPU memory: no host bytes, misses read without PCIe
       EXPECT_EQ(r.kv_memory.host_bytes, 0);
       EXPECT_GT(r.kv_stats.n_fetched, 0);
       EXPECT_EQ(r.kv_stats.bytes_fetched, 0);
+    } else {  // ... and with cache=auto read in place: selections, but nothing fetched
+      EXPECT_EQ(r.kv_memory.host_bytes, 0);
+      EXPECT_GT(r.kv_stats.n_selected, 0);
+      EXPECT_EQ(r.kv_stats.n_fetched, 0);
     }
   }
 }

@@ -1,0 +1,382 @@
+// decode_attn_records on mma.sync tensor cores (record_attn.h): the layout of
+// decode_attn_kernel (one block of 4 warps per (row, split), interleaved
+// 16-token tiles, one online softmax per warp, the GQA group as the rows of
+// the A operand), but a tile is the tokens' raw store entries, copied by
+// cp.async (kStages deep) and used in the rotated domain:
+// - the query is rotated once per block (c·H·(s ⊙ q), shared memory);
+// - K's B fragments come straight from the code bytes: a lane's fragment is
+//   one (dim 2i, 2i+1) pair, i.e. one code, looked up in the grid as bf16x2;
+// - each score is scaled by its token's σ_k, each probability by its σ_v
+//   (the softmax sums take it unscaled);
+// - V's codes are looked up into a bf16 tile for ldmatrix.trans;
+// - the merged output is rotated back once (s ⊙ (c·H·o)).
+// A token costs head_dim code bytes and two scales of memory traffic: no
+// decoded K|V is written or read.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "backend/cuda_backend.h"
+#include "backend/cuda_mma.cuh"
+#include "ops/decode_attn/record_attn.h"
+#include "ops/quant/quant_dev.cuh"
+
+namespace kvtier::cuda {
+namespace {
+
+using namespace mma;
+
+constexpr int kWarps = 4, kThreads = kWarps * 32, kTile = 16;
+// Tiles of entries in flight per warp: the kernel is bound by the latency of
+// its scattered reads (a token is 144 bytes), so each warp keeps kStages − 1
+// tiles coming while it computes one.
+constexpr int kStages = 4;
+constexpr int kGridWords = 256;  // byte codes: grid points as bf16x2
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct Args {
+  DecodeAttnParams a;
+  int64_t entry_bytes = 0, tok_bytes = 0;
+  int v_rec = 0;                 // V's record within the entry (the K record's bytes)
+  int meta = 0;                  // σ within a record (after the codes)
+  const float* grid = nullptr;   // [grid_size][2] f32
+  const float* signs = nullptr;  // [head_dim] ±1, or null
+  float hscale = 1.f;
+  int grid_size = 0;
+  unsigned long long* const* counters = nullptr;
+};
+
+// Shared memory before the warps' areas: the grid, then [G][D] f32 for the
+// query's and the output's rotations.
+template <int D>
+constexpr int head_bytes() {
+  return kGridWords * 4 + 8 * D * 4;
+}
+
+// The unnormalized Hadamard transform of G rows of D floats in shared memory
+// (natural order, as the HIGGS decoder's butterflies); every thread calls it.
+template <int G, int D>
+__device__ __forceinline__ void hadamard_rows(float* y) {
+#pragma unroll
+  for (int hh = 1; hh < D; hh *= 2) {
+    for (int e = threadIdx.x; e < G * D / 2; e += kThreads) {
+      const int gg = e / (D / 2), k = e % (D / 2);
+      const int j = gg * D + (k / hh) * 2 * hh + (k % hh);
+      const float a = y[j], b = y[j + hh];
+      y[j] = a + b;
+      y[j + hh] = a - b;
+    }
+    __syncthreads();
+  }
+}
+
+__device__ __forceinline__ float bf16_bits_f32(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
+
+template <int G, int D>
+__global__ void __launch_bounds__(kThreads, 3)
+    record_attn_kernel(Args A, const __nv_bfloat16* __restrict__ q, const uint8_t* const* __restrict__ host,
+                       const int32_t* __restrict__ sel, float* __restrict__ part_out, float* __restrict__ part_lse) {
+  const DecodeAttnParams& p = A.a;
+  extern __shared__ __align__(128) unsigned char smem[];
+  uint32_t* grid2 = reinterpret_cast<uint32_t*>(smem);
+  float* rot = reinterpret_cast<float*>(smem + kGridWords * 4);  // [G][D]
+  const int EB = int(A.entry_bytes);
+  const int warp_bytes = kStages * kTile * EB + kTile * D * 2 + 16;
+  unsigned char* areas = smem + head_bytes<D>();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, tig = lane & 3;
+  unsigned char* ws = areas + warp * warp_bytes;  // [kStages][kTile] entries, the V tile, the stages' masks
+  const int64_t r = blockIdx.y;
+  const int seq = int(r / p.n_kv_head), kvh = int(r % p.n_kv_head);
+  const float qscale = p.scale * kLog2e;
+
+  // The grid as bf16 pairs; codes past the grid read its last point (as the
+  // decoder clamps).
+  for (int i = threadIdx.x; i < kGridWords; i += kThreads) {
+    const int c = min(i, A.grid_size - 1);
+    grid2[i] = pack_bf16(A.grid[2 * c], A.grid[2 * c + 1]);
+  }
+  // The rotated query of each head of the group.
+  for (int e = threadIdx.x; e < G * D; e += kThreads) {
+    const int gg = e / D, d = e % D;
+    float v = __bfloat162float(q[(int64_t(seq) * p.n_head + kvh * G + gg) * D + d]);
+    if (A.signs) v *= A.signs[d];
+    rot[e] = v;
+  }
+  __syncthreads();
+  hadamard_rows<G, D>(rot);
+  uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const float* qh = rot + (g < G ? g : 0) * D + kk * 16 + tig * 2;
+    qf[kk][0] = g < G ? pack_bf16(qh[0] * A.hscale, qh[1] * A.hscale) : 0u;
+    qf[kk][2] = g < G ? pack_bf16(qh[8] * A.hscale, qh[9] * A.hscale) : 0u;
+    qf[kk][1] = qf[kk][3] = 0u;
+  }
+
+  const int64_t n_row = p.n_tok_fixed;
+  const int64_t chunk = (n_row + p.n_split - 1) / p.n_split;
+  const int64_t j0 = int64_t(blockIdx.x) * chunk, j1 = min(n_row, j0 + chunk);
+  const int n_tiles = j1 > j0 ? int((j1 - j0 + kTile - 1) / kTile) : 0;
+  const uint8_t* base = host[seq] + int64_t(kvh) * A.entry_bytes;
+  const int32_t* ir = sel + r * p.idx_stride;
+  const int chunks = EB >> 4, total = kTile * chunks;
+
+  // Issues the copies of tile `t`'s entries into stage `st`; returns its
+  // valid-token mask.
+  auto issue = [&](int t, int st) -> uint32_t {
+    const int64_t jt = j0 + int64_t(t) * kTile;
+    int64_t tok = -1;
+    if (lane < kTile && jt + lane < j1) tok = ir[jt + lane];
+    const uint32_t valid = __ballot_sync(0xffffffffu, tok >= 0);
+    unsigned char* dst = ws + st * kTile * EB;
+    for (int c0 = 0; c0 < total; c0 += 32) {
+      const int c = c0 + lane;
+      const int tk = min(c / chunks, kTile - 1), cc = c % chunks;
+      const int64_t tid = __shfl_sync(0xffffffffu, tok, tk);
+      if (c < total) cp_async16(dst + tk * EB + cc * 16, base + (tid >= 0 ? tid : 0) * A.tok_bytes + cc * 16, tid >= 0);
+    }
+    return valid;
+  };
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m_row[2] = {-INFINITY, -INFINITY}, l_row[2] = {0.f, 0.f};
+  auto* vt = reinterpret_cast<__nv_bfloat16*>(ws + kStages * kTile * EB);
+  auto* masks = reinterpret_cast<uint32_t*>(ws + kStages * kTile * EB + kTile * D * 2);  // [kStages]
+
+  // Tile t of this warp's i-th turn lives in stage i % kStages; a group is
+  // committed per tile slot, issued or not, so that the wait counts alike.
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    const int t = warp + st * kWarps;
+    if (t < n_tiles) {
+      const uint32_t v = issue(t, st);
+      if (lane == 0) masks[st] = v;
+    }
+    cp_async_commit();
+  }
+  unsigned n_attended = 0;
+  for (int t = warp, i = 0; t < n_tiles; t += kWarps, ++i) {
+    const int tn = t + (kStages - 1) * kWarps, sn = (i + kStages - 1) % kStages;
+    if (tn < n_tiles) {
+      const uint32_t v = issue(tn, sn);
+      if (lane == 0) masks[sn] = v;
+    }
+    cp_async_commit();
+    cp_async_wait<kStages - 1>();
+    __syncwarp();
+    const uint32_t valid = masks[i % kStages];
+    n_attended += __popc(valid);
+    const unsigned char* raw = ws + (i % kStages) * kTile * EB;
+    // V's grid points (rotated domain) into the bf16 tile.
+#pragma unroll 4
+    for (int e = lane; e < kTile * D / 2; e += 32) {
+      const int tk = e / (D / 2), c = e % (D / 2);
+      const uint32_t code = raw[tk * EB + A.v_rec + c];
+      *reinterpret_cast<uint32_t*>(vt + swz<D>(tk, 2 * c) + ((2 * c) & 7)) = grid2[code];
+    }
+    // S = Q' K'ᵀ, K' from the code bytes: lane (g, tig) needs codes kk·8 + tig
+    // and kk·8 + 4 + tig of token n·8 + g.
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      const unsigned char* kr = raw + (n * 8 + g) * EB;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint2 w = *reinterpret_cast<const uint2*>(kr + kk * 8);
+        mma16816(s[n], qf[kk], grid2[(w.x >> (8 * tig)) & 0xffu], grid2[(w.y >> (8 * tig)) & 0xffu]);
+      }
+    }
+    // Each key's σ_k, σ_v: keys n·8 + tig·2 + (e & 1).
+    float sk[2][2], sv[2][2];
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const unsigned char* er = raw + (n * 8 + tig * 2 + b) * EB;
+        sk[n][b] = bf16_bits_f32(*reinterpret_cast<const uint16_t*>(er + A.meta)) * qscale;
+        sv[n][b] = bf16_bits_f32(*reinterpret_cast<const uint16_t*>(er + A.v_rec + A.meta));
+      }
+    __syncwarp();  // the V tile is written
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = n * 8 + tig * 2 + (e & 1);
+        const float x = (valid >> key) & 1u ? s[n][e] * sk[n][e & 1] : -INFINITY;
+        s[n][e] = x;
+        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+      }
+    float corr[2], m_use[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 1));
+      mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 2));
+      const float m_new = fmaxf(m_row[rr], mx[rr]);
+      m_use[rr] = m_new == -INFINITY ? 0.f : m_new;
+      corr[rr] = exp2f(m_row[rr] - m_use[rr]);
+      m_row[rr] = m_new;
+      l_row[rr] *= corr[rr];
+    }
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pe = exp2f(s[n][e] - m_use[e >> 1]);
+        l_row[e >> 1] += pe;
+        s[n][e] = pe * sv[n][e & 1];
+      }
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o[n][0] *= corr[0];
+      o[n][1] *= corr[0];
+      o[n][2] *= corr[1];
+      o[n][3] *= corr[1];
+    }
+    // O' += (P·σ_v) V' with P·σ_v = hi + lo (both bf16).
+    uint32_t hi[4], lo[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float x0 = s[e >> 1][(e & 1) * 2], x1 = s[e >> 1][(e & 1) * 2 + 1];
+      const __nv_bfloat162 h2 = __floats2bfloat162_rn(x0, x1);
+      const float2 hf = __bfloat1622float2(h2);
+      hi[e] = *reinterpret_cast<const uint32_t*>(&h2);
+      lo[e] = pack_bf16(x0 - hf.x, x1 - hf.y);
+    }
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, vt + swz<D>((lane & 7) + ((lane >> 3) & 1) * 8, dp * 16 + (lane >> 4) * 8));
+      mma16816(o[2 * dp], hi, b[0], b[1]);
+      mma16816(o[2 * dp + 1], hi, b[2], b[3]);
+      mma16816(o[2 * dp], lo, b[0], b[1]);
+      mma16816(o[2 * dp + 1], lo, b[2], b[3]);
+    }
+    __syncwarp();  // this stage and the V tile are refilled next
+  }
+  cp_async_wait<0>();
+  if (A.counters && lane == 0 && n_attended) atomicAdd(A.counters[seq], (unsigned long long)n_attended);
+  // Merge the 4 warps through shared memory (the warps' areas), into rot.
+  __syncthreads();
+  float* sm_m = reinterpret_cast<float*>(areas);  // [kWarps][G]
+  float* sm_l = sm_m + kWarps * G;                // [kWarps][G]
+  float* sm_o = sm_l + kWarps * G;                // [kWarps][G][D]
+  {
+    float l = l_row[0];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (g < G) {
+      if (tig == 0) {
+        sm_m[warp * G + g] = m_row[0];
+        sm_l[warp * G + g] = l;
+      }
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        sm_o[(warp * G + g) * D + n * 8 + tig * 2] = o[n][0];
+        sm_o[(warp * G + g) * D + n * 8 + tig * 2 + 1] = o[n][1];
+      }
+    }
+  }
+  __syncthreads();
+  const int64_t n_qh = int64_t(p.n_seq) * p.n_head;
+  const int64_t part = p.part0 + blockIdx.x;
+  for (int e = threadIdx.x; e < G * D; e += kThreads) {
+    const int gg = e / D, d = e % D;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sm_m[w * G + gg]);
+    float Lsum = 0.f, acc = 0.f;
+    if (M > -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float wt = exp2f(sm_m[w * G + gg] - M);
+        Lsum += sm_l[w * G + gg] * wt;
+        acc += sm_o[(w * G + gg) * D + d] * wt;
+      }
+    }
+    rot[e] = Lsum > 0.f ? acc / Lsum : 0.f;
+    const int64_t qh = int64_t(seq) * p.n_head + kvh * G + gg;
+    if (d == 0) part_lse[part * n_qh + qh] = Lsum > 0.f ? (M + log2f(Lsum)) * 0.6931471805599453f : -INFINITY;
+  }
+  __syncthreads();
+  hadamard_rows<G, D>(rot);
+  for (int e = threadIdx.x; e < G * D; e += kThreads) {
+    const int gg = e / D, d = e % D;
+    const int64_t qh = int64_t(seq) * p.n_head + kvh * G + gg;
+    float v = rot[e] * A.hscale;
+    if (A.signs) v *= A.signs[d];
+    part_out[(part * n_qh + qh) * D + d] = v;
+  }
+}
+
+template <int G, int D>
+void launch(const Args& A, const void* q, const uint8_t* const* host, const int32_t* sel, float* po, float* pl,
+            cudaStream_t s) {
+  const dim3 grid{unsigned(A.a.n_split), unsigned(A.a.n_seq * A.a.n_kv_head)};
+  const int smem = head_bytes<D>() + kWarps * int(kStages * kTile * A.entry_bytes + kTile * D * 2 + 16);
+  static int configured = 0;  // the largest dynamic shared memory set for this instance
+  if (smem > configured) {
+    KVT_CUDA_CHECK(cudaFuncSetAttribute(record_attn_kernel<G, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    configured = smem;
+  }
+  record_attn_kernel<G, D><<<grid, kThreads, smem, s>>>(A, static_cast<const __nv_bfloat16*>(q), host, sel, po, pl);
+  KVT_CUDA_LAUNCH_CHECK("record_attn_kernel");
+}
+
+template <int D>
+void dispatch_group(const Args& A, const void* q, const uint8_t* const* host, const int32_t* sel, float* po, float* pl,
+                    cudaStream_t s) {
+  switch (A.a.n_head / A.a.n_kv_head) {
+    case 1:
+      return launch<1, D>(A, q, host, sel, po, pl, s);
+    case 2:
+      return launch<2, D>(A, q, host, sel, po, pl, s);
+    case 3:
+      return launch<3, D>(A, q, host, sel, po, pl, s);
+    case 4:
+      return launch<4, D>(A, q, host, sel, po, pl, s);
+    case 5:
+      return launch<5, D>(A, q, host, sel, po, pl, s);
+    case 6:
+      return launch<6, D>(A, q, host, sel, po, pl, s);
+    case 7:
+      return launch<7, D>(A, q, host, sel, po, pl, s);
+    default:
+      return launch<8, D>(A, q, host, sel, po, pl, s);
+  }
+}
+
+}  // namespace
+
+void decode_attn_records(const Exec& x, const RecordAttnParams& p, const void* q_bf16, const uint8_t* const* host,
+                         const int32_t* sel, float* part_out, float* part_lse) {
+  const DecodeAttnParams& a = p.attn;
+  KVT_CHECK(a.n_split >= 1, "decode_attn_records: n_split {} < 1", a.n_split);
+  KVT_CHECK(p.entry_bytes % 16 == 0 && p.tok_bytes % 16 == 0 && p.entry_bytes >= 2 * p.fmt.bytes,
+            "decode_attn_records: entries of {} bytes (tokens of {}) for "
+            "records of {}: 16-byte multiples holding K|V",
+            p.entry_bytes, p.tok_bytes, p.fmt.bytes);
+  if (a.n_seq == 0) return;
+  const DevFormat f = make_dev_format(p.fmt);
+  Args A;
+  A.a = a;
+  A.entry_bytes = p.entry_bytes;
+  A.tok_bytes = p.tok_bytes;
+  A.v_rec = int(f.bytes);
+  A.meta = int(f.meta_offset);
+  A.grid = f.grid;
+  A.signs = f.signs;
+  A.hscale = f.hadamard_scale;
+  A.grid_size = f.grid_size;
+  A.counters = p.counters;
+  const cudaStream_t s = static_cast<cudaStream_t>(x.stream);
+  if (a.head_dim == 64)
+    dispatch_group<64>(A, q_bf16, host, sel, part_out, part_lse, s);
+  else
+    dispatch_group<128>(A, q_bf16, host, sel, part_out, part_lse, s);
+}
+
+}  // namespace kvtier::cuda
