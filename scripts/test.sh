@@ -14,8 +14,9 @@ if [ "${KVT_SKIP_SANITIZE:-0}" != 1 ]; then
   # -g1 keeps the line tables the sanitizers' stack traces need and drops the
   # rest of the debug info, which slows compiling and linking; -O2 keeps the
   # numerics of the release build, so the parity tests see the same floats.
+  # The speed benchmarks are compiled by the release build only.
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
-    -DKVT_SANITIZE=ON -DKVT_CUDA=OFF >/dev/null
+    -DKVT_SANITIZE=ON -DKVT_CUDA=OFF -DKVT_BENCHES=OFF >/dev/null
   cmake --build build-asan -j"$jobs"
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
      ctest --output-on-failure -j"$jobs" --timeout 1500 -L cpu -LE slow)
