@@ -5,30 +5,8 @@
 
 namespace kvtier {
 
-namespace {
-void check_geometry(const KvGeometry& g) {
-  KVT_CHECK(g.n_layer > 0 && g.n_head > 0 && g.n_kv_head > 0 && g.head_dim > 0 &&
-                g.n_head % g.n_kv_head == 0,
-            "kv store: geometry n_layer={} n_head={} n_kv_head={} head_dim={} is not valid "
-            "(positive, n_head a multiple of n_kv_head)",
-            g.n_layer, g.n_head, g.n_kv_head, g.head_dim);
-}
-const KvGeometry& checked(const KvGeometry& g) {
-  check_geometry(g);
-  return g;
-}
-AttentionParams attention_params(const KvGeometry& g, float scale) {
-  AttentionParams ap;
-  ap.n_head = g.n_head;
-  ap.n_kv_head = g.n_kv_head;
-  ap.head_dim = g.head_dim;
-  ap.scale = scale;
-  return ap;
-}
-}  // namespace
-
 FullKvStore::FullKvStore(const PolicyConfig& p, const KvGeometry& g)
-    : p_(p), g_(checked(g)), spec_(p.kv) {
+    : p_(p), g_(checked_geometry(g)), spec_(p.kv) {
   KVT_CHECK(spec_.kind != QuantKind::nvfp4,
             "kv policy full: kv=nvfp4 needs a per-tensor scale; use it with a tiered policy");
   bytes_per_vector(spec_, g.n_kv_head * g.head_dim);  // validates the width
@@ -61,7 +39,7 @@ void FullKvStore::attend(int layer, const float* q, int n_tok, float scale, floa
   const int64_t n = n_tok_[layer];
   KVT_CHECK(n_tok >= 1 && n_tok <= n, "kv store: attend to {} queries with {} tokens held",
             n_tok, n);
-  const AttentionParams ap = attention_params(g_, scale);
+  const AttentionParams ap{g_.n_head, g_.n_kv_head, g_.head_dim, scale};
   attention_causal(ap, q, n_tok, k_[layer].data(), v_[layer].data(), n, out);
 }
 

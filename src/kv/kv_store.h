@@ -29,6 +29,9 @@ struct KvGeometry {
   bool rope_interleaved = false;
 };
 
+// g itself, after checking that its counts are positive and n_head a
+// multiple of n_kv_head (what every store's constructor needs).
+const KvGeometry& checked_geometry(const KvGeometry& g);
 
 enum class KvPhase { prefill, decode };
 

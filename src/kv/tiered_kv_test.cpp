@@ -353,13 +353,19 @@ TEST_P(StreamedPrefill, ChunkedEqualsOneShotAndDecodeFollowsTheDensePrefill) {
   for (int l = 0; l < L; ++l) {
     // f32 rounding only: the CPU's prefill attention takes a GEMM path whose
     // blocking depends on the queries per call.
-    if (!c.first_rows_scale)
+    if (!c.first_rows_scale) {
       EXPECT_LT(rel_l2(out_c[size_t(l)], out_o[size_t(l)]), 1e-6) << c.policy << " layer " << l << ": chunked vs one-shot";
+    }
     worst = std::max(worst, rel_l2(out_c[size_t(l)], out_d[size_t(l)]));
   }
-  if (c.tol_vs_dense == 0) EXPECT_EQ(worst, 0.0) << c.policy;
-  else EXPECT_LT(worst, c.tol_vs_dense) << c.policy;
-  if (c.tol_vs_dense > 0) EXPECT_GT(worst, 0.0) << c.policy << ": a quantized host tier reads other values";
+  if (c.tol_vs_dense == 0) {
+    EXPECT_EQ(worst, 0.0) << c.policy;
+  } else {
+    EXPECT_LT(worst, c.tol_vs_dense) << c.policy;
+  }
+  if (c.tol_vs_dense > 0) {
+    EXPECT_GT(worst, 0.0) << c.policy << ": a quantized host tier reads other values";
+  }
   // Decode after the prompt: the same records, the same steps.
   chunked.start_decode();
   dense.start_decode();
@@ -466,7 +472,9 @@ TEST(DecodeGroups, APolicysSequencesStepTogetherAsEachAlone) {
       rows.push_back(batch[size_t(j)]);
     }
     groups.begin_step(rows.data(), m);
-    if (step == 3) EXPECT_GT(groups.groups()[0].batch->builds(), builds) << "a member left: tables rebuilt";
+    if (step == 3) {
+      EXPECT_GT(groups.groups()[0].batch->builds(), builds) << "a member left: tables rebuilt";
+    }
     builds = groups.groups()[0].batch->builds();
     for (int i : active) alone[size_t(i)]->begin_step(1);
     for (int l = 0; l < L; ++l) {

@@ -13,29 +13,6 @@
 namespace kvtier {
 
 namespace {
-AttentionParams attention_params(const KvGeometry& g, float scale) {
-  AttentionParams ap;
-  ap.n_head = g.n_head;
-  ap.n_kv_head = g.n_kv_head;
-  ap.head_dim = g.head_dim;
-  ap.scale = scale;
-  return ap;
-}
-}  // namespace
-namespace {
-
-void check_geometry(const KvGeometry& g) {
-  KVT_CHECK(g.n_layer > 0 && g.n_head > 0 && g.n_kv_head > 0 && g.head_dim > 0 &&
-                g.n_head % g.n_kv_head == 0,
-            "kv store: geometry n_layer={} n_head={} n_kv_head={} head_dim={} is not valid "
-            "(positive, n_head a multiple of n_kv_head)",
-            g.n_layer, g.n_head, g.n_kv_head, g.head_dim);
-}
-
-const KvGeometry& checked(const KvGeometry& g) {
-  check_geometry(g);
-  return g;
-}
 
 // A host group larger than a head but set (yakv's g128 on a smaller head) is
 // the head itself, as the tiered cache's per-head records have it.
@@ -49,7 +26,7 @@ QuantSpec clamped_kv(QuantSpec s, int head_dim) {
 // ---------------------------------------------------------------- tiered
 
 TieredKvStore::TieredKvStore(const PolicyConfig& p, const KvGeometry& g)
-    : p_(p), g_(checked(g)), width_(g.n_kv_head * g.head_dim),
+    : p_(p), g_(checked_geometry(g)), width_(g.n_kv_head * g.head_dim),
       host_(g.n_layer, g.n_kv_head, g.head_dim, to_string(clamped_kv(p.kv, g.head_dim)), p.keys_prerope,
             g.apply_rope),
       index_(p, g) {
@@ -231,7 +208,7 @@ void TieredKvStore::attend_one(int layer, const float* q, float scale, int64_t n
                 host_v.data() + i * D);
     }
   // 5. attend to each part, merge by log-sum-exp
-  const AttentionParams ap = attention_params(g_, scale);
+  const AttentionParams ap{g_.n_head, g_.n_kv_head, g_.head_dim, scale};
   std::vector<float> lse_a(QH), lse_b(QH), out_b(size_t(QH) * D);
   attention_gathered(ap, q, res_k.data(), res_v.data(), res_ptr.data(), out, lse_a.data());
   attention_gathered(ap, q, host_k.data(), host_v.data(), host_ptr.data(), out_b.data(),
@@ -257,7 +234,7 @@ void TieredKvStore::attend(int layer, const float* q, int n_tok, float scale, fl
   const int64_t n = n_tok_[layer];
   KVT_CHECK(n_tok >= 1 && n_tok <= n, "kv store: attend to {} queries with {} tokens held",
             n_tok, n);
-  const AttentionParams ap = attention_params(g_, scale);
+  const AttentionParams ap{g_.n_head, g_.n_kv_head, g_.head_dim, scale};
   if (phase_ == KvPhase::prefill) {
     attention_causal(ap, q, n_tok, dense_k_[layer].data(), dense_v_[layer].data(), n, out);
     return;

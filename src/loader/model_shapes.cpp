@@ -7,9 +7,10 @@
 namespace kvtier {
 namespace {
 
-ModelConfig llama(const char* name, int n_layer, int n_embd, int n_head, int n_kv_head, int n_ff) {
+// The fields every shape sets: a name, its widths, head_dim 128.
+ModelConfig shape(const char* arch, const char* name, int n_layer, int n_embd, int n_head, int n_kv_head, int n_ff) {
   ModelConfig c;
-  c.arch = "llama";
+  c.arch = arch;
   c.name = name;
   c.n_layer = n_layer;
   c.n_embd = n_embd;
@@ -17,6 +18,11 @@ ModelConfig llama(const char* name, int n_layer, int n_embd, int n_head, int n_k
   c.n_kv_head = n_kv_head;
   c.head_dim = 128;
   c.n_ff = n_ff;
+  return c;
+}
+
+ModelConfig llama(const char* name, int n_layer, int n_embd, int n_head, int n_kv_head, int n_ff) {
+  ModelConfig c = shape("llama", name, n_layer, n_embd, n_head, n_kv_head, n_ff);
   c.n_vocab = 128256;
   c.n_ctx_train = 131072;
   c.rms_eps = 1e-5f;
@@ -30,15 +36,7 @@ ModelConfig llama(const char* name, int n_layer, int n_embd, int n_head, int n_k
 }
 
 ModelConfig qwen3(const char* name, int n_layer, int n_embd, int n_head, int n_kv_head, int n_ff) {
-  ModelConfig c;
-  c.arch = "qwen3";
-  c.name = name;
-  c.n_layer = n_layer;
-  c.n_embd = n_embd;
-  c.n_head = n_head;
-  c.n_kv_head = n_kv_head;
-  c.head_dim = 128;
-  c.n_ff = n_ff;
+  ModelConfig c = shape("qwen3", name, n_layer, n_embd, n_head, n_kv_head, n_ff);
   c.n_vocab = 151936;
   c.n_ctx_train = 40960;
   c.rms_eps = 1e-6f;
@@ -65,15 +63,8 @@ const std::map<std::string, ModelConfig>& table() {
     moe.n_ff_expert = 768;
     moe.expert_norm_topk = true;
     t["qwen3-30b-a3b"] = moe;
-    ModelConfig s;
-    s.arch = "llama";
-    s.name = "SmolLM2-135M (shape)";
-    s.n_layer = 30;
-    s.n_embd = 576;
-    s.n_head = 9;
-    s.n_kv_head = 3;
+    ModelConfig s = shape("llama", "SmolLM2-135M (shape)", 30, 576, 9, 3, 1536);
     s.head_dim = 64;
-    s.n_ff = 1536;
     s.n_vocab = 49152;
     s.n_ctx_train = 8192;
     s.rope_theta = 100000.0f;
