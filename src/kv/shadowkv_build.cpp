@@ -49,7 +49,10 @@ void TieredSeq::finish_shadowkv() {
     copy(x_, L.outliers.data(), ids.data(), ids.size() * 4);
     // 2. Their exact K and V (the prompt's working copy; a streamed prefill
     // reads the layer back from the host tier) into the resident slots after the ring.
-    if (stream_) stream_read(x_, l, 0, n, work_[0]);
+    if (stream_) {
+      stream_bufs();
+      stream_read(x_, l, 0, n, work_[0]);
+    }
     const uint8_t* kw = stream_ ? work_[0].k.data<uint8_t>() : L.dense_k.data<uint8_t>();
     const uint8_t* vw = stream_ ? work_[0].v.data<uint8_t>() : L.dense_v.data<uint8_t>();
     std::vector<const uint8_t*> src;

@@ -199,7 +199,6 @@ void TieredSeq::grow(int64_t need) {
   const KvGeometry& g = plan_.geometry;
   const int H = g.n_kv_head, D = g.head_dim, W = H * D;
   const int64_t cap = std::max<int64_t>({need, 2 * cap_, kTieredMinCapacity});
-  if (!decoding_ && !prefill_chosen_) choose_prefill(cap);
   const int64_t cap_chunks = cap / plan_.chunk + 1, cap_units = cap / plan_.unit + 1;
   int64_t p0_row = 0, p1_row = 0;
   if (plan_.index == IndexLayout::higgs2_planar) {
@@ -210,16 +209,9 @@ void TieredSeq::grow(int64_t need) {
     if (plan_.index == IndexLayout::residual) p1_row = pad16(cap_units * plan_.meta_rec_bytes);
   }
   sync(x_);  // queued kernels may still use the old buffers
-  if (!decoding_ && stream_) {  // one layer's copy each, rewritten layer by layer: nothing to keep
+  if (!decoding_ && stream_) {  // rewritten layer by layer, nothing to keep: the next attention allocates them
     pref_layer_ = -1;
-    for (int b = 0; b < stream_layer_copies(x_.cuda(), g.n_layer); ++b) {
-      StreamBuf& w = work_[b];
-      w.k = Buffer();
-      w.v = Buffer();
-      w.k = dev_.alloc(size_t(cap * W * act_bytes(dev_.kind())));
-      w.v = dev_.alloc(w.k.bytes());
-      w.scratch = dev_.alloc(size_t(fetch_dense_scratch_bytes(x_, stream_params(0, cap))));
-    }
+    for (StreamBuf& w : work_) w = StreamBuf();
   }
   for (int l = 0; l < g.n_layer; ++l) {
     TieredLayer& L = layers_[size_t(l)];
@@ -237,7 +229,7 @@ void TieredSeq::grow(int64_t need) {
     if (L.host) copy(x_, host.data(), L.host.data(), size_t(n * plan_.host_tok_bytes));
     L.host = std::move(host);
     if (!decoding_) {
-      if (!stream_) {
+      if (prefill_chosen_ && !stream_) {  // a prompt under way keeps its copy (begin_prefill allocates it)
         Buffer dk = dev_.alloc(size_t(cap * W * act_bytes(dev_.kind()))), dv = dev_.alloc(dk.bytes());
         if (L.dense_k) {
           copy(x_, dk.data(), L.dense_k.data(), size_t(n * W * act_bytes(dev_.kind())));
@@ -274,14 +266,7 @@ void TieredSeq::grow(int64_t need) {
       }
     }
   }
-  if (!decoding_ && stream_) {  // the streamed reads' row tables per layer: host tier, kplane (none), key_first (−1)
-    std::vector<uintptr_t> t(size_t(3 * g.n_layer));
-    for (int l = 0; l < g.n_layer; ++l) {
-      t[size_t(3 * l)] = uintptr_t(layers_[size_t(l)].host.data());
-      t[size_t(3 * l + 2)] = uintptr_t(int64_t(-1));
-    }
-    upload(x_, stream_tables_, t.data(), t.size() * sizeof(uintptr_t));
-  }
+  if (!decoding_ && prefill_chosen_ && stream_) upload_stream_tables();
   sync(x_);
   cap_ = cap;
   cap_chunks_ = cap_chunks;

@@ -9,11 +9,13 @@
 //   slots    [H rows][kmax][K|V]  the slot cache (both devices: decoded K|V);
 //            cache=all: [H rows][cap][K|V], token t in slot t
 // Prefill attends densely to every earlier token (policy prefill=, chosen
-// when the capacity is first set): dense over a working copy of every layer's
+// at the prompt's first append): dense over a working copy of every layer's
 // K/V, or streamed: each layer's K/V decoded from the host tier into one
 // layer-sized buffer as the layer runs (fetch_dense), so the device holds one
-// layer's copy. The copies are released at start_decode, when the index is
-// finished (shadowkv: its SVD and outliers).
+// layer's copy, allocated when the prompt first attends. A reserved
+// sequence whose prompt has not started holds neither. The copies are
+// released at start_decode, when the index is finished (shadowkv: its SVD
+// and outliers).
 // Decode steps run through a DecodeBatch (decode_batch.h) of one or more
 // sequences that share the plan.
 #pragma once
@@ -103,6 +105,9 @@ class TieredSeq {
   void note_decode_append(int layer) { ++n_[size_t(layer)]; }
   uint64_t generation() const { return generation_; }  // bumps when buffers move
   uint64_t uid() const { return uid_; }  // unique in the process (an address may be reused)
+  // Bytes of the prompt's working copies (the dense prefill's K/V of every
+  // layer, or the streamed prefill's layer copies); 0 once decoding.
+  int64_t prefill_work_bytes() const;
 
  private:
   void grow(int64_t need);
@@ -110,12 +115,21 @@ class TieredSeq {
   void choose_cache();
   Buffer alloc_store(size_t bytes) const;  // the store's memory: pinned host, or device under store=gpu
   void choose_prefill(int64_t cap);
+  // The prompt's first append: chooses dense or streamed attention (by the
+  // memory free then, not at the reservation) and allocates the dense copy
+  // of every layer, or the streamed reads' row tables.
+  void begin_prefill();
+  void upload_stream_tables();
   // Streamed prefill: a layer's K/V [cap][H·D] at the activation precision,
   // and fetch_dense's staging. Two on CUDA: one is read into while the other
   // is attended to.
   struct StreamBuf {
     Buffer k, v, scratch;
   };
+  // Allocates the streamed prefill's copies at the capacity, where missing:
+  // they exist only while the prompt attends (a reserved sequence waiting
+  // for its turn holds none), and grow() drops them.
+  void stream_bufs();
   FetchParams stream_params(int layer, int64_t cap) const;
  public:
   // The host tier's part of a fetch over n_seq sequences of this plan (the

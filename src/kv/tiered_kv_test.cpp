@@ -398,6 +398,47 @@ INSTANTIATE_TEST_SUITE_P(
                       StreamCase{"shadowkv,rank=24,budget=32,outliers=4", 1e-2, 64, false},
                       StreamCase{"yakv,budget=32,kv=bf16", 0, 128}));
 
+// A streamed prefill's layer copies exist only while the prompt attends: a
+// sequence that is reserved and filled but not yet attending (the engine
+// starts a batch's sequences before their prompts run) holds none, and
+// start_decode releases them. Many reserved sequences then do not each
+// hold a copy of a whole layer. A dense prefill's copies come with the
+// prompt's first append, not with the reservation.
+TEST(StreamedPrefill, LayerCopiesExistOnlyWhileThePromptAttends) {
+  const int L = 2, D = 64, H = 2, QH = 4, W = H * D, n = 300;
+  const KvGeometry g = geometry(L, QH, H, D);
+  Device cpu(DeviceKind::cpu);
+  const KvPlan plan = plan_kv(parse_policy("yakv,budget=32,prefill=stream"), g, DeviceKind::cpu);
+  TieredKv a(plan, cpu), b(plan, cpu);
+  std::mt19937 rng(5);
+  const std::vector<float> k = bf16_values(rng, size_t(n) * W, 1.f), v = bf16_values(rng, size_t(n) * W, 1.f);
+  const std::vector<float> q = bf16_values(rng, size_t(n) * QH * D, 1.f);
+  std::vector<float> out(size_t(n) * QH * D);
+  for (TieredKv* kv : {&a, &b}) {
+    kv->reserve(n + 8);
+    for (int l = 0; l < L; ++l) kv->append(l, k.data(), k.data(), v.data(), W, n);
+    EXPECT_EQ(kv->seq().prefill_work_bytes(), 0) << "reserved and filled, not attending";
+  }
+  a.attend(0, q.data(), QH * D, n, 0.125f, out.data());
+  EXPECT_GE(a.seq().prefill_work_bytes(), int64_t(2) * n * W * 4) << "one layer's K and V (f32 on the CPU)";
+  EXPECT_LT(a.seq().prefill_work_bytes(), int64_t(2) * L * n * W * 4) << "not every layer's";
+  EXPECT_EQ(b.seq().prefill_work_bytes(), 0);
+  a.attend(1, q.data(), QH * D, n, 0.125f, out.data());
+  a.start_decode();
+  EXPECT_EQ(a.seq().prefill_work_bytes(), 0);
+  // The dense prefill holds every layer's copy from the prompt's first append on.
+  TieredKv d(plan_kv(parse_policy("yakv,budget=32,prefill=dense"), g, DeviceKind::cpu), cpu);
+  d.reserve(n + 8);
+  EXPECT_EQ(d.seq().prefill_work_bytes(), 0) << "reserved, the prompt not started";
+  d.append(0, k.data(), k.data(), v.data(), W, n);
+  EXPECT_GE(d.seq().prefill_work_bytes(), int64_t(2) * L * n * W * 4);
+  d.attend(0, q.data(), QH * D, n, 0.125f, out.data());
+  d.append(1, k.data(), k.data(), v.data(), W, n);
+  d.attend(1, q.data(), QH * D, n, 0.125f, out.data());
+  d.start_decode();
+  EXPECT_EQ(d.seq().prefill_work_bytes(), 0);
+}
+
 // prefill=auto streams on the GPU when every layer's copy and the margin
 // (max(1 GiB, 10 % of the device)) do not fit in free memory; dense on the CPU.
 TEST(PrefillChoice, AutoStreamsWhenTheDenseCopyDoesNotFit) {

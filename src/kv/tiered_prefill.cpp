@@ -44,6 +44,7 @@ void TieredSeq::append(int layer, const void* k_pre, const void* k, const void* 
   TieredLayer& L = layers_[size_t(layer)];
   const int64_t n = n_[size_t(layer)];
   if (n + n_tok > cap_) grow(n + n_tok);
+  if (!prefill_chosen_) begin_prefill();
   const int ab = act_bytes(dev_.kind());
   KVT_CHECK(tok_stride == W, "tiered cache: prefill rows must be dense ({} elements, not {})", W, tok_stride);
   // nvfp4's per-tensor scales, fixed by the first rows (4x headroom, as the CPU store's CodedRows).
@@ -113,6 +114,7 @@ void TieredSeq::attend_prefill(int layer, const void* q, int64_t q_stride, int n
   // buffer while this layer attends, so only the chunk's own tokens are read
   // here (serial under stage timing, which then measures the whole read).
   const bool overlap = stream_layer_copies(x_.cuda(), g.n_layer) == 2 && !x_.clock;
+  stream_bufs();
   int b = 0;
   int64_t have = 0;
   if (pref_layer_ == layer) {
@@ -134,6 +136,26 @@ void TieredSeq::attend_prefill(int layer, const void* q, int64_t q_stride, int n
   stage(x_, "prefill_attend");
   prefill_attention(x_, ap, q, q_stride, n_tok, work_[b].k.data(), work_[b].v.data(), W, n, out, q_stride);
   stage(x_, "prefill_model");
+}
+
+void TieredSeq::stream_bufs() {
+  const KvGeometry& g = plan_.geometry;
+  const size_t bytes = size_t(cap_ * g.n_kv_head * g.head_dim * act_bytes(dev_.kind()));
+  for (int b = 0; b < stream_layer_copies(x_.cuda(), g.n_layer); ++b) {
+    StreamBuf& w = work_[b];
+    if (w.k.bytes() == bytes) continue;
+    w = StreamBuf();
+    w.k = dev_.alloc(bytes);
+    w.v = dev_.alloc(bytes);
+    w.scratch = dev_.alloc(size_t(fetch_dense_scratch_bytes(x_, stream_params(0, cap_))));
+  }
+}
+
+int64_t TieredSeq::prefill_work_bytes() const {
+  int64_t b = 0;
+  for (const StreamBuf& w : work_) b += int64_t(w.k.bytes() + w.v.bytes() + w.scratch.bytes());
+  for (const TieredLayer& L : layers_) b += int64_t(L.dense_k.bytes() + L.dense_v.bytes());
+  return b;
 }
 
 FetchParams TieredSeq::stream_params(int layer, int64_t cap) const {
@@ -162,6 +184,32 @@ bool choose_prefill_stream(PrefillMode mode, bool gpu, int64_t dense_bytes, int6
     case PrefillMode::stream: return true;
     default: return gpu && dense_bytes + std::max<int64_t>(int64_t(1) << 30, total / 10) > free;
   }
+}
+
+void TieredSeq::begin_prefill() {
+  const KvGeometry& g = plan_.geometry;
+  choose_prefill(cap_);
+  if (stream_) {
+    upload_stream_tables();
+    sync(x_);
+    return;
+  }
+  const size_t bytes = size_t(cap_ * g.n_kv_head * g.head_dim * act_bytes(dev_.kind()));
+  for (TieredLayer& L : layers_) {
+    L.dense_k = dev_.alloc(bytes);
+    L.dense_v = dev_.alloc(bytes);
+  }
+}
+
+void TieredSeq::upload_stream_tables() {
+  const int n_layer = plan_.geometry.n_layer;
+  std::vector<uintptr_t> t(size_t(3 * n_layer));  // per layer: host tier, kplane (none), key_first (−1)
+  for (int l = 0; l < n_layer; ++l) {
+    t[size_t(3 * l)] = uintptr_t(layers_[size_t(l)].host.data());
+    t[size_t(3 * l + 2)] = uintptr_t(int64_t(-1));
+  }
+  upload(x_, stream_tables_, t.data(), t.size() * sizeof(uintptr_t));
+  if (x_.cuda()) sync(x_);  // t is pageable and freed on return
 }
 
 void TieredSeq::choose_prefill(int64_t cap) {
