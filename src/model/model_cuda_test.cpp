@@ -107,7 +107,9 @@ GreedyRun greedy(const Model& model, GpuModel* gpu, const std::string& policy, c
     if (step + 1 < n_gen) forward(&tok, 1, pos++, 1, logits.data());
   }
   r.device = kv->plan().device;
-  if (kv->plan().dense) EXPECT_EQ(kv->memory().gpu_bytes, int64_t(kv->memory().gpu_bytes_per_token) * (n + n_gen - 1));
+  if (kv->plan().dense) {
+    EXPECT_EQ(kv->memory().gpu_bytes, int64_t(kv->memory().gpu_bytes_per_token) * (n + n_gen - 1));
+  }
   return r;
 }
 
@@ -253,10 +255,14 @@ TEST(GpuModel, GreedyAndLogitsMatchCpuForEveryModelAndPreset) {
       if (policy.starts_with("full")) {
         EXPECT_LT(a.max_rel_l2, kRelL2) << what;
         EXPECT_LT(a.max_abs, kMaxAbs) << what;
-        if (a.n_same < 32) EXPECT_LT(a.margin_at_split, 2 * kMaxAbs) << what << ": split at step " << a.n_same;
+        if (a.n_same < 32) {
+          EXPECT_LT(a.margin_at_split, 2 * kMaxAbs) << what << ": split at step " << a.n_same;
+        }
       } else {
         EXPECT_LT(a.max_rel_l2, kSparseRelL2) << what;
-        if (a.n_same == 0) EXPECT_LT(a.margin_at_split, 2 * kMaxAbs) << what << ": the prefill's token differs";
+        if (a.n_same == 0) {
+          EXPECT_LT(a.margin_at_split, 2 * kMaxAbs) << what << ": the prefill's token differs";
+        }
       }
     }
   }
@@ -396,7 +402,9 @@ TEST(GpuModel, EngineGpuKvBudgetBoundsWhatSequencesHold) {
     EXPECT_GT(r.kv_memory.gpu_bytes, 0) << policy;
     EXPECT_LE(r.kv_memory.gpu_bytes, c.decode_bytes) << policy;
     EXPECT_FALSE(r.kv_memory.prefill_streamed) << policy;
-    if (policy == "yakv") EXPECT_TRUE(streams);
+    if (policy == "yakv") {
+      EXPECT_TRUE(streams);
+    }
     // A budget one byte under the least charge refuses the request; one at it
     // runs it (streamed when that is what fits); one at the dense charge runs it dense.
     EngineOptions t = o;
@@ -459,7 +467,9 @@ TEST(GpuModel, StreamedPrefillMatchesTheDenseCopyAndTheCpu) {
     // quantized ones flip codes where the GPU's bf16 K/V differ from the CPU's f32.
     const bool quantized = policy.rfind("yakv", 0) == 0;
     EXPECT_LT(vs_cpu, quantized ? 4e-2 : kRelL2) << policy;
-    if (policy != "yakv,kv=nvfp4") EXPECT_LT(vs_one, kRelL2) << policy;  // nvfp4: its scale comes from the first chunk
+    if (policy != "yakv,kv=nvfp4") {
+      EXPECT_LT(vs_one, kRelL2) << policy;  // nvfp4: its scale comes from the first chunk
+    }
     SamplingParams s;
     s.max_new_tokens = 6;
     s.ignore_eos = true;
