@@ -37,8 +37,27 @@ Buffer::Buffer(DeviceKind dev, MemKind mem, size_t bytes) : bytes_(bytes), dev_(
   }
 }
 
+Buffer Buffer::view(const Buffer& of, size_t offset, size_t bytes) {
+  KVT_CHECK(offset + bytes <= of.bytes_ && bytes > 0, "buffer view [{}, +{}) outside {} bytes", offset, bytes,
+            of.bytes_);
+  Buffer b;
+  b.data_ = static_cast<char*>(of.data_) + offset;
+  b.host_ = of.host_ ? static_cast<char*>(of.host_) + offset : nullptr;
+  b.bytes_ = bytes;
+  b.dev_ = of.dev_;
+  b.mem_ = of.mem_;
+  b.owned_ = false;
+  return b;
+}
+
 void Buffer::release() {
   if (!data_) return;
+  if (!owned_) {
+    data_ = host_ = nullptr;
+    bytes_ = 0;
+    owned_ = true;
+    return;
+  }
   if (dev_ == DeviceKind::cpu) std::free(data_);
   else if (mem_ == MemKind::device) cuda_dev::free_device(data_);
   else cuda_dev::free_host(host_);
@@ -56,6 +75,7 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
     bytes_ = std::exchange(o.bytes_, 0);
     dev_ = o.dev_;
     mem_ = o.mem_;
+    owned_ = std::exchange(o.owned_, true);
   }
   return *this;
 }

@@ -29,6 +29,10 @@ class Buffer {
  public:
   Buffer() = default;
   Buffer(DeviceKind dev, MemKind mem, size_t bytes);  // uninitialized (CPU: zeroed pages)
+  // Bytes [offset, offset + bytes) of `of`, not owned: valid while `of` is
+  // (one allocation carved into many buffers: the allocator rounds each
+  // cudaMalloc up to whole 2 MiB pages).
+  static Buffer view(const Buffer& of, size_t offset, size_t bytes);
   ~Buffer();
   Buffer(Buffer&& o) noexcept { *this = std::move(o); }
   Buffer& operator=(Buffer&& o) noexcept;
@@ -53,6 +57,7 @@ class Buffer {
   size_t bytes_ = 0;
   DeviceKind dev_ = DeviceKind::cpu;
   MemKind mem_ = MemKind::device;
+  bool owned_ = true;  // false: a view
 };
 
 class StageClock;

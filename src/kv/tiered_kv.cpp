@@ -213,19 +213,36 @@ void TieredSeq::grow(int64_t need) {
     pref_layer_ = -1;
     for (StreamBuf& w : work_) w = StreamBuf();
   }
+  // The index planes of every layer in one device allocation, and the store
+  // too unless it is in the pinned pool (which carves its slabs itself):
+  // cudaMalloc rounds each allocation up to 2 MiB pages (3.6 GB over 18
+  // sequences at 128K as 96 buffers each). The old slabs live until the
+  // copies out of them have run, so a growth holds both at once: the engine
+  // reserves a sequence's whole context when it starts.
+  auto up = [](int64_t b) { return (b + 255) / 256 * 256; };
+  const int64_t p0_bytes = up(p0_row * H), p1_bytes = up(p1_row * H), host_bytes = up(cap * plan_.host_tok_bytes);
+  const bool store_slab = store_on_gpu() || !x_.cuda();
+  Buffer old_index = std::move(index_slab_), old_store = std::move(store_slab_);
+  index_slab_ = dev_.alloc(size_t(g.n_layer * (p0_bytes + p1_bytes)));
+  if (store_slab) store_slab_ = alloc_store(size_t(g.n_layer * host_bytes));
   for (int l = 0; l < g.n_layer; ++l) {
     TieredLayer& L = layers_[size_t(l)];
     const int64_t n = n_[size_t(l)];
-    auto regrow_rows = [&](Buffer& b, int64_t old_row, int64_t new_row, int64_t rows) {
-      Buffer nb = dev_.alloc(size_t(new_row * rows));
+    // b's rows (old_row bytes each) into nb's (new_row each), then b = nb.
+    auto regrow_into = [&](Buffer& b, int64_t old_row, int64_t new_row, int64_t rows, Buffer nb) {
       if (b)
         for (int64_t r = 0; r < rows; ++r)
           copy(x_, nb.data<uint8_t>() + r * new_row, b.data<uint8_t>() + r * old_row, size_t(old_row));
       b = std::move(nb);
     };
-    regrow_rows(L.plane0, p0_row_, p0_row, H);
-    if (p1_row) regrow_rows(L.plane1, p1_row_, p1_row, H);
-    Buffer host = alloc_store(size_t(cap * plan_.host_tok_bytes));
+    auto regrow_rows = [&](Buffer& b, int64_t old_row, int64_t new_row, int64_t rows) {
+      regrow_into(b, old_row, new_row, rows, dev_.alloc(size_t(new_row * rows)));
+    };
+    const size_t at = size_t(l * (p0_bytes + p1_bytes));
+    regrow_into(L.plane0, p0_row_, p0_row, H, Buffer::view(index_slab_, at, size_t(p0_row * H)));
+    if (p1_row) regrow_into(L.plane1, p1_row_, p1_row, H, Buffer::view(index_slab_, at + p0_bytes, size_t(p1_row * H)));
+    Buffer host = store_slab ? Buffer::view(store_slab_, size_t(l * host_bytes), size_t(cap * plan_.host_tok_bytes))
+                             : alloc_store(size_t(cap * plan_.host_tok_bytes));
     if (L.host) copy(x_, host.data(), L.host.data(), size_t(n * plan_.host_tok_bytes));
     L.host = std::move(host);
     if (!decoding_) {

@@ -152,6 +152,8 @@ class TieredSeq {
   bool cache_all_ = false, needs_fill_ = false;
   bool stream_ = false, prefill_chosen_ = false;
   StreamBuf work_[2];
+  Buffer index_slab_;               // every layer's plane0 and plane1 (their Buffers are views of it)
+  Buffer store_slab_;               // every layer's store (host), unless in the pinned pool
   Buffer stream_tables_;            // [n_layer][3] host tier, kplane, key_first: fetch_dense's row tables
   int pref_layer_ = -1, pref_buf_ = 0;  // work_[pref_buf_] holds (or is being read on the side stream)
   int64_t pref_n_ = 0;                  // tokens [0, pref_n_) of pref_layer_
