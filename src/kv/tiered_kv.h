@@ -114,11 +114,11 @@ class TieredSeq {
   void finish_shadowkv();
   void choose_cache();
   Buffer alloc_store(size_t bytes) const;  // the store's memory: pinned host, or device under store=gpu
-  void choose_prefill(int64_t cap);
   // The prompt's first append: chooses dense or streamed attention (by the
   // memory free then, not at the reservation) and allocates the dense copy
   // of every layer, or the streamed reads' row tables.
   void begin_prefill();
+  size_t layer_copy_bytes() const;  // one layer's K (or V) at the capacity, activation precision
   void upload_stream_tables();
   // Streamed prefill: a layer's K/V [cap][H·D] at the activation precision,
   // and fetch_dense's staging. Two on CUDA: one is read into while the other

@@ -139,9 +139,8 @@ void TieredSeq::attend_prefill(int layer, const void* q, int64_t q_stride, int n
 }
 
 void TieredSeq::stream_bufs() {
-  const KvGeometry& g = plan_.geometry;
-  const size_t bytes = size_t(cap_ * g.n_kv_head * g.head_dim * act_bytes(dev_.kind()));
-  for (int b = 0; b < stream_layer_copies(x_.cuda(), g.n_layer); ++b) {
+  const size_t bytes = layer_copy_bytes();
+  for (int b = 0; b < stream_layer_copies(x_.cuda(), plan_.geometry.n_layer); ++b) {
     StreamBuf& w = work_[b];
     if (w.k.bytes() == bytes) continue;
     w = StreamBuf();
@@ -188,17 +187,28 @@ bool choose_prefill_stream(PrefillMode mode, bool gpu, int64_t dense_bytes, int6
 
 void TieredSeq::begin_prefill() {
   const KvGeometry& g = plan_.geometry;
-  choose_prefill(cap_);
+  const bool gpu = dev_.kind() == DeviceKind::cuda;
+  const size_t bytes = layer_copy_bytes();  // K or V of one layer
+  int64_t free_b = 0, total_b = 0;
+  if (gpu) {
+    const auto [f, t] = dev_.mem_info();
+    free_b = int64_t(f), total_b = int64_t(t);
+  }
+  stream_ = choose_prefill_stream(plan_.policy.prefill, gpu, int64_t(2 * bytes) * g.n_layer, free_b, total_b);
+  prefill_chosen_ = true;
   if (stream_) {
     upload_stream_tables();
-    sync(x_);
     return;
   }
-  const size_t bytes = size_t(cap_ * g.n_kv_head * g.head_dim * act_bytes(dev_.kind()));
   for (TieredLayer& L : layers_) {
     L.dense_k = dev_.alloc(bytes);
     L.dense_v = dev_.alloc(bytes);
   }
+}
+
+size_t TieredSeq::layer_copy_bytes() const {
+  const KvGeometry& g = plan_.geometry;
+  return size_t(cap_ * g.n_kv_head * g.head_dim * act_bytes(dev_.kind()));
 }
 
 void TieredSeq::upload_stream_tables() {
@@ -210,19 +220,6 @@ void TieredSeq::upload_stream_tables() {
   }
   upload(x_, stream_tables_, t.data(), t.size() * sizeof(uintptr_t));
   if (x_.cuda()) sync(x_);  // t is pageable and freed on return
-}
-
-void TieredSeq::choose_prefill(int64_t cap) {
-  const KvGeometry& g = plan_.geometry;
-  const bool gpu = dev_.kind() == DeviceKind::cuda;
-  const int64_t dense_bytes = int64_t(g.n_layer) * cap * g.n_kv_head * g.head_dim * 2 * act_bytes(dev_.kind());
-  int64_t free_b = 0, total_b = 0;
-  if (gpu) {
-    const auto [f, t] = dev_.mem_info();
-    free_b = int64_t(f), total_b = int64_t(t);
-  }
-  stream_ = choose_prefill_stream(plan_.policy.prefill, gpu, dense_bytes, free_b, total_b);
-  prefill_chosen_ = true;
 }
 
 }  // namespace kvtier

@@ -357,6 +357,57 @@ TEST(TieredKv, MemoryMatchesFootprint) {
   }
 }
 
+// Both stores refuse a geometry they cannot hold, with one message.
+TEST(KvStore, InvalidGeometryIsRefusedByEveryStore) {
+  for (const char* pol : {"full", "yakv"})
+    for (auto [n_head, n_kv_head] : {std::pair{6, 4}, std::pair{0, 1}, std::pair{4, 0}}) {
+      KvGeometry g = small_geometry();
+      g.n_head = n_head;
+      g.n_kv_head = n_kv_head;
+      try {
+        make_kv_store(pol, g);
+        ADD_FAILURE() << pol << ": " << n_head << "/" << n_kv_head << " accepted";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("is not valid"), std::string::npos) << e.what();
+      }
+    }
+}
+
+// A sequence's index planes, and its store where it is not in the pinned
+// pool (always on the CPU), are carved from one allocation each (cudaMalloc
+// rounds every allocation to 2 MiB pages): layer l + 1's buffers follow
+// layer l's, and a growth keeps the records.
+TEST(TieredKv, EachSequenceHoldsItsIndexAndStoreInOneAllocation) {
+  const KvGeometry g = small_geometry();
+  Device cpu(DeviceKind::cpu);
+  TieredKv kv(plan_kv(parse_policy("yakv,lm=residual,m=8"), g, DeviceKind::cpu), cpu);
+  auto check = [&] {
+    TieredSeq& q = kv.seq();
+    const auto* p0 = q.layer(0).plane0.data<uint8_t>();
+    const auto* h0 = q.layer(0).host.data<uint8_t>();
+    const int64_t p0_bytes = q.layer(0).plane0.bytes(), p1_bytes = q.layer(0).plane1.bytes();
+    const int64_t h_bytes = q.layer(0).host.bytes();
+    ASSERT_GT(p1_bytes, 0);
+    for (int l = 1; l < g.n_layer; ++l) {
+      const int64_t idx = (p0_bytes + 255) / 256 * 256 + (p1_bytes + 255) / 256 * 256;
+      EXPECT_EQ(q.layer(l).plane0.data<uint8_t>(), p0 + l * idx) << l;
+      EXPECT_EQ(q.layer(l).plane1.data<uint8_t>(), p0 + l * idx + (p0_bytes + 255) / 256 * 256) << l;
+      EXPECT_EQ(q.layer(l).host.data<uint8_t>(), h0 + l * ((h_bytes + 255) / 256 * 256)) << l;
+    }
+  };
+  kv.reserve(300);
+  check();
+  Synthetic s(g, 1200, 3);
+  const auto grown = run(kv, s, 1000);  // grows past the reservation (twice)
+  check();
+  // The records moved with the growths: the decode steps equal those of a
+  // sequence that never grew.
+  TieredKv whole(plan_kv(parse_policy("yakv,lm=residual,m=8"), g, DeviceKind::cpu), cpu);
+  whole.reserve(1200);
+  const auto want = run(whole, s, 1000);
+  for (int l = 0; l < g.n_layer; ++l) EXPECT_EQ(grown[size_t(l)], want[size_t(l)]) << l;
+}
+
 TEST(KeySvd, ReconstructionErrorFallsWithRankAndVanishesAtFullRank) {
   std::mt19937_64 rng(7);
   std::normal_distribution<float> nd;
