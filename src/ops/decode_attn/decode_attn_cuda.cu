@@ -15,6 +15,7 @@
 #include "backend/cuda_backend.h"
 #include "backend/cuda_mma.cuh"
 #include "ops/decode_attn/decode_attn_cuda.h"
+#include "ops/decode_attn/decode_attn_tile.cuh"
 
 namespace kvtier::cuda {
 namespace {
@@ -143,106 +144,28 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attn_kernel(DecodeAttnPara
       mma16816(s[0], qf[kk], b[0], b[1]);
       mma16816(s[1], qf[kk], b[2], b[3]);
     }
-    float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < 2; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = n * 8 + tig * 2 + (e & 1);
-        const float x = (valid >> key) & 1u ? s[n][e] * qscale : -INFINITY;
-        s[n][e] = x;
-        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+        s[n][e] = (valid >> key) & 1u ? s[n][e] * qscale : -INFINITY;
       }
-    float corr[2], m_use[2];
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 1));
-      mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 2));
-      const float m_new = fmaxf(m_row[rr], mx[rr]);
-      m_use[rr] = m_new == -INFINITY ? 0.f : m_new;
-      corr[rr] = exp2f(m_row[rr] - m_use[rr]);
-      m_row[rr] = m_new;
-      l_row[rr] *= corr[rr];
-    }
-#pragma unroll
-    for (int n = 0; n < 2; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float pe = exp2f(s[n][e] - m_use[e >> 1]);
-        s[n][e] = pe;
-        l_row[e >> 1] += pe;
-      }
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      o[n][0] *= corr[0];
-      o[n][1] *= corr[0];
-      o[n][2] *= corr[1];
-      o[n][3] *= corr[1];
-    }
-    // O += P V with P = hi + lo (both bf16).
-    uint32_t hi[4], lo[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float x0 = s[e >> 1][(e & 1) * 2], x1 = s[e >> 1][(e & 1) * 2 + 1];
-      const __nv_bfloat162 h2 = __floats2bfloat162_rn(x0, x1);
-      const float2 hf = __bfloat1622float2(h2);
-      hi[e] = bf16x2_bits(h2);
-      lo[e] = bf16x2_bits(__floats2bfloat162_rn(x0 - hf.x, x1 - hf.y));
-    }
-#pragma unroll
-    for (int dp = 0; dp < D / 16; ++dp) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, cv + swz<D>((lane & 7) + ((lane >> 3) & 1) * 8, dp * 16 + (lane >> 4) * 8));
-      mma16816(o[2 * dp], hi, b[0], b[1]);
-      mma16816(o[2 * dp + 1], hi, b[2], b[3]);
-      mma16816(o[2 * dp], lo, b[0], b[1]);
-      mma16816(o[2 * dp + 1], lo, b[2], b[3]);
-    }
+    decode_tile::online_softmax<D>(s, m_row, l_row, o);
+    decode_tile::pv<D>(o, s, cv, lane);
     __syncwarp();  // this stage is refilled by the next issue
   }
   cp_async_wait<0>();
-  // Merge the 4 warps: per warp m, l and O of rows 0..G-1 through shared memory.
-  __syncthreads();
-  float* sm_m = reinterpret_cast<float*>(smem);  // [kWarps][G]
-  float* sm_l = sm_m + kWarps * G;               // [kWarps][G]
-  float* sm_o = sm_l + kWarps * G;               // [kWarps][G][D]
-  {
-    float l = l_row[0];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    if (g < G) {
-      if (tig == 0) {
-        sm_m[warp * G + g] = m_row[0];
-        sm_l[warp * G + g] = l;
-      }
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        sm_o[(warp * G + g) * D + n * 8 + tig * 2] = o[n][0];
-        sm_o[(warp * G + g) * D + n * 8 + tig * 2 + 1] = o[n][1];
-      }
-    }
-  }
+  // Merge the 4 warps through shared memory (the tiles').
   __syncthreads();
   const int64_t n_qh = int64_t(p.n_seq) * p.n_head;
-  for (int e = threadIdx.x; e < G * D; e += kThreads) {
-    const int gg = e / D, d = e % D;
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sm_m[w * G + gg]);
-    float Lsum = 0.f, acc = 0.f;
-    if (M > -INFINITY) {
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float wt = exp2f(sm_m[w * G + gg] - M);
-        Lsum += sm_l[w * G + gg] * wt;
-        acc += sm_o[(w * G + gg) * D + d] * wt;
-      }
-    }
-    const int64_t qh = int64_t(seq) * p.n_head + kvh * G + gg;
-    const int64_t part = p.part0 + blockIdx.x;
-    part_out[(part * n_qh + qh) * D + d] = Lsum > 0.f ? acc / Lsum : 0.f;
-    if (d == 0) part_lse[part * n_qh + qh] = Lsum > 0.f ? (M + log2f(Lsum)) * 0.6931471805599453f : -INFINITY;
-  }
+  const int64_t part = p.part0 + blockIdx.x;
+  decode_tile::merge_warps<G, D, kWarps>(reinterpret_cast<float*>(smem), m_row, l_row, o,
+                                         [&](int gg, int d, float v, float lse) {
+                                           const int64_t qh = int64_t(seq) * p.n_head + kvh * G + gg;
+                                           part_out[(part * n_qh + qh) * D + d] = v;
+                                           if (d == 0) part_lse[part * n_qh + qh] = lse;
+                                         });
 }
 
 // The general case (head_dim 256, GQA groups the tensor-core kernel has no
