@@ -87,6 +87,9 @@ struct ScoreRowsParams {
   // CUDA, table scorers (planar higgs2, byte table): blocks per row; 0 lets
   // table_blocks_per_row choose (tests and benchmarks force others).
   int blocks_per_row = 0;
+  // CUDA, planar index: the scorer's rotated table layout (score_rows_cuda.cu)
+  // instead of the xor one. The same scores up to the order of the sums.
+  bool planar_rotated = false;
 };
 constexpr int64_t residual_meta_stride(int64_t out_stride, int m) { return out_stride / (m > 0 ? m : 1) + 2; }
 // q: [rows, n_q, head_dim] f32 (index_query_rows); plane0/plane1 as index_write;

@@ -79,6 +79,7 @@ struct ScoreCase {
   bool by_table = false;      // must run on the byte-table scorer (score_lut_cuda.cu)
   bool meta_scratch = true;   // residual: give the meta scratch (else the thread-per-chunk kernel)
   int blocks_per_row = 0;     // table scorers: forced (0: chosen by table_blocks_per_row)
+  bool planar_rotated = false;  // planar: the rotated table layout
 };
 
 class ScoreRowsCuda : public ::testing::TestWithParam<ScoreCase> {};
@@ -169,6 +170,7 @@ TEST_P(ScoreRowsCuda, MatchesTheCpuQuantizersScores) {
   p.m = 8;
   p.candidates_only = c.candidates_only;
   p.blocks_per_row = c.blocks_per_row;
+  p.planar_rotated = c.planar_rotated;
   p.scale = 0.125f;
   p.out_stride = stride;
   // CPU reference (records layout; planar's records are the same bytes).
@@ -205,7 +207,9 @@ TEST_P(ScoreRowsCuda, MatchesTheCpuQuantizersScores) {
     poison(d_meta);
     p.meta_scratch = d_meta.data<float>();
   }
-  if (c.by_table) EXPECT_TRUE(score_rows_by_table(p)) << spec;
+  if (c.by_table) {
+    EXPECT_TRUE(score_rows_by_table(p)) << spec;
+  }
   score_rows(x, p, d_q.data<float>(), p0.d(), p1.d(), d_ranges.data<StepRanges>(), d_s.data<float>());
   sync(x);
   const auto got = to_host<float>(d_s, want.size());
@@ -255,7 +259,11 @@ INSTANTIATE_TEST_SUITE_P(
                       ScoreCase{"residual"}, ScoreCase{"residual", 128, 2, false},
                       ScoreCase{"residual", 128, 4, false, false, false},
                       // blocks of a few hundred tokens each, their softmax partials combined
-                      ScoreCase{"planar", 128, 4, false, false, true, 9}));
+                      ScoreCase{"planar", 128, 4, false, false, true, 9},
+                      // the rotated table: 1, 2 and 4 queries per pass (7 = 4 + 2 + 1)
+                      ScoreCase{"planar", 128, 1, true, false, true, 0, true},
+                      ScoreCase{"planar", 128, 7, false, false, true, 0, true},
+                      ScoreCase{"planar", 128, 4, false, false, true, 9, true}));
 
 // The byte-table scorer: every format family it takes, head_dim 64 to 256,
 // query counts that split into passes of 4, 2 and 1, and with gqa=shadowkv's

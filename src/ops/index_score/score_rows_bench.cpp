@@ -4,13 +4,14 @@
 // sequence's rows, with gqa_rows' softmax partials left as the engine asks.
 // For each batch size and each blocks-per-row setting ("auto" is
 // table_blocks_per_row's choice, "wave" the most blocks that fit one wave,
-// max(1, SMs / rows), the rule before it): the median and minimum of CUDA-event
+// max(1, SMs / rows), the rule before it) and each table layout (xor, or
+// rotated: ScoreRowsParams::planar_rotated): the median and minimum of CUDA-event
 // timings with the L2 flushed before each (a step's 32 layers read 32
 // different indexes), µs per sequence, and the codes' read rate. Speed
 // belongs here, not in the tests; index_rows_cuda_test checks the scores.
 //
 // usage: kvt_score_bench [--tokens 131072] [--batch 1,6,12,20] [--blocks auto,wave,4]
-//            [--reps 20] [--json out.json]
+//            [--table xor,rotated] [--reps 20] [--json out.json]
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -40,6 +41,7 @@ struct Options {
   int64_t tokens = 131072;
   std::vector<int> batch = {1, 6, 12, 20};
   std::vector<int> blocks = {0, -1};  // 0: auto, -1: one wave
+  std::vector<bool> rotated = {false};  // the table layouts timed
   int reps = 20;
   std::string json_path;
 };
@@ -55,15 +57,22 @@ Options parse(int argc, char** argv) {
     } else if (a == "--blocks") {
       o.blocks.clear();
       for (auto& x : split_list(val)) o.blocks.push_back(x == "auto" ? 0 : x == "wave" ? -1 : std::stoi(x));
+    } else if (a == "--table") {
+      o.rotated.clear();
+      for (auto& x : split_list(val)) {
+        KVT_CHECK(x == "xor" || x == "rotated", "--table takes xor and/or rotated, not {}", x);
+        o.rotated.push_back(x == "rotated");
+      }
     } else if (a == "--reps") {
       o.reps = std::stoi(val);
     } else if (a == "--json") {
       o.json_path = val;
     } else {
-      fail("unknown option {} (--tokens, --batch, --blocks, --reps, --json)", a);
+      fail("unknown option {} (--tokens, --batch, --blocks, --table, --reps, --json)", a);
     }
   });
-  KVT_CHECK(o.reps >= 1 && o.tokens >= 1024 && !o.batch.empty() && !o.blocks.empty(), "nothing to time");
+  KVT_CHECK(o.reps >= 1 && o.tokens >= 1024 && !o.batch.empty() && !o.blocks.empty() && !o.rotated.empty(),
+            "nothing to time");
   for (int b : o.batch) KVT_CHECK(b >= 1 && b <= 256, "batch {} outside 1..256", b);
   for (int b : o.blocks) KVT_CHECK(b >= -1 && b <= 256, "blocks per row {} outside 1..256 (or auto, wave)", b);
   return o;
@@ -79,8 +88,8 @@ int run(const Options& o) {
   fmt::print("planar higgs2 index: {} tokens per row, {} KV heads x {} queries, head_dim {}\n", n, kKvHeads, kNq,
              kHd);
   fmt::print("timing: median (min) of {} CUDA-event timings after a warm-up, L2 flushed before each\n\n", o.reps);
-  fmt::print("{:>5} {:>6} {:>7} {:>10} {:>10} {:>10} {:>9}\n", "batch", "rows", "blocks", "median us", "min us",
-             "us/seq", "GB/s");
+  fmt::print("{:>5} {:>6} {:>7} {:>8} {:>10} {:>10} {:>10} {:>9}\n", "batch", "rows", "blocks", "table", "median us",
+             "min us", "us/seq", "GB/s");
 
   // Every row its own codes and scales (random bytes: speed only).
   std::mt19937 rng(7);
@@ -130,50 +139,55 @@ int run(const Options& o) {
   js["tokens"] = n;
   for (int b : o.batch) {
     for (int bpr : o.blocks) {
-      ScoreRowsParams p;
-      p.n_seq = b;
-      p.n_kv_head = kKvHeads;
-      p.head_dim = kHd;
-      p.n_q = kNq;
-      p.layout = IndexRecLayout::planar_higgs2;
-      p.fmt = RecordFormat{fmt, kHd, kCodeBytes + 2};
-      p.fmt.grid = grid.data<float>();
-      p.candidates_only = true;
-      p.scale = 1.f / std::sqrt(float(kHd));
-      p.out_stride = n;
-      p.gqa_scratch = gqa.data();
-      const int64_t rows = int64_t(b) * kKvHeads;
-      const int n_sm = device_info().n_sm;
-      const int chosen = bpr > 0   ? bpr
-                         : bpr < 0 ? int(std::max<int64_t>(1, n_sm / rows))
-                                   : table_blocks_per_row(rows, n_sm, 64);
-      p.blocks_per_row = chosen;
-      auto launch = [&] {
-        score_rows(x, p, q.data<float>(), d_p0.data<const uint8_t* const>(), d_p1.data<const uint8_t* const>(),
-                   ranges.data<StepRanges>(), scores.data<float>());
-      };
-      launch();  // warm-up: attributes, module load
-      sync(x);
-      std::vector<double> t;
-      Event e0, e1;
-      for (int r = 0; r < o.reps; ++r) {
-        KVT_CUDA_CHECK(cudaMemsetAsync(flush.data(), r & 0xff, flush.bytes(), s));
-        e0.record(s);
-        launch();
-        e1.record(s);
-        e1.synchronize();
-        t.push_back(1e3 * e1.elapsed_ms_since(e0));
+      for (bool rot : o.rotated) {
+        ScoreRowsParams p;
+        p.n_seq = b;
+        p.n_kv_head = kKvHeads;
+        p.head_dim = kHd;
+        p.n_q = kNq;
+        p.layout = IndexRecLayout::planar_higgs2;
+        p.fmt = RecordFormat{fmt, kHd, kCodeBytes + 2};
+        p.fmt.grid = grid.data<float>();
+        p.candidates_only = true;
+        p.scale = 1.f / std::sqrt(float(kHd));
+        p.out_stride = n;
+        p.gqa_scratch = gqa.data();
+        const int64_t rows = int64_t(b) * kKvHeads;
+        const int n_sm = device_info().n_sm;
+        const int chosen = bpr > 0   ? bpr
+                           : bpr < 0 ? int(std::max<int64_t>(1, n_sm / rows))
+                                     : table_blocks_per_row(rows, n_sm, 64);
+        p.blocks_per_row = chosen;
+        p.planar_rotated = rot;
+        auto launch = [&] {
+          score_rows(x, p, q.data<float>(), d_p0.data<const uint8_t* const>(), d_p1.data<const uint8_t* const>(),
+                     ranges.data<StepRanges>(), scores.data<float>());
+        };
+        launch();  // warm-up: attributes, module load
+        sync(x);
+        std::vector<double> t;
+        Event e0, e1;
+        for (int r = 0; r < o.reps; ++r) {
+          KVT_CUDA_CHECK(cudaMemsetAsync(flush.data(), r & 0xff, flush.bytes(), s));
+          e0.record(s);
+          launch();
+          e1.record(s);
+          e1.synchronize();
+          t.push_back(1e3 * e1.elapsed_ms_since(e0));
+        }
+        std::sort(t.begin(), t.end());
+        const double med = t[t.size() / 2];
+        const double gbs = double(rows) * double(sr.c_hi - sr.c_lo) * (kCodeBytes + 2) / (med * 1e-6) / 1e9;
+        fmt::print("{:>5} {:>6} {:>7} {:>8} {:>10.1f} {:>10.1f} {:>10.1f} {:>9.0f}\n", b, rows,
+                   fmt::format("{}{}", chosen, bpr == 0 ? "*" : bpr < 0 ? "w" : ""), rot ? "rotated" : "xor", med, t[0],
+                   med / b, gbs);
+        std::fflush(stdout);
+        js["rows"].push_back({{"batch", b}, {"rows", rows}, {"blocks_per_row", chosen},
+                              {"setting", bpr == 0 ? "auto" : bpr < 0 ? "wave" : "forced"},
+                              {"table", rot ? "rotated" : "xor"},
+                              {"median_us", med}, {"min_us", t[0]}, {"us_per_seq", med / b}, {"gb_per_s", gbs},
+                              {"times_us", t}});
       }
-      std::sort(t.begin(), t.end());
-      const double med = t[t.size() / 2];
-      const double gbs = double(rows) * double(sr.c_hi - sr.c_lo) * (kCodeBytes + 2) / (med * 1e-6) / 1e9;
-      fmt::print("{:>5} {:>6} {:>7} {:>10.1f} {:>10.1f} {:>10.1f} {:>9.0f}\n", b, rows,
-                 fmt::format("{}{}", chosen, bpr == 0 ? "*" : bpr < 0 ? "w" : ""), med, t[0], med / b, gbs);
-      std::fflush(stdout);
-      js["rows"].push_back({{"batch", b}, {"rows", rows}, {"blocks_per_row", chosen},
-                            {"setting", bpr == 0 ? "auto" : bpr < 0 ? "wave" : "forced"},
-                            {"median_us", med}, {"min_us", t[0]}, {"us_per_seq", med / b}, {"gb_per_s", gbs},
-                            {"times_us", t}});
     }
   }
   fmt::print("\n* chosen by table_blocks_per_row; w: one wave, max(1, SMs / rows)\n");

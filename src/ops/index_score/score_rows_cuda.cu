@@ -11,6 +11,12 @@
 //    quantization's asymmetric distance); a lane
 //    owns a token and reads its 32 code bytes with two 16-byte loads; at step s
 //    lane l reads group j = s ^ l, so a warp hits 32 different banks.
+//    ScoreRowsParams::planar_rotated: rows of 32 + R groups instead (R = the
+//    lanes of one shared-memory wavefront: 8, 16, 32 for 4, 2, 1 queries; the
+//    last R repeat the first) and lane l reads group s + l mod R: still
+//    different banks, but a table address is one byte extract and one
+//    multiply-add with the step as the load's constant offset, and the code
+//    bytes are rotated once per token by whole words and a funnel shift.
 //  * records whose codes fill whole bytes (higgs4/2/1/0.5, 1bit, int1/2/4/8)
 //    and residual landmarks of them: the byte-table kernel of
 //    score_lut_cuda.cu, the same idea over any such format;
@@ -35,8 +41,17 @@ using namespace score_detail;
 
 constexpr int kScoreThreads = 512;  // one block per SM (the table fills shared memory): many warps hide its latency
 
+// The planar table's layout: groups per code row, and the lanes of one
+// shared-memory wavefront (128 bytes of NQ-float entries).
+template <int NQ, bool ROT>
+struct PlanarTable {
+  static constexpr int kWave = 128 / (4 * NQ);
+  static constexpr int kRow = ROT ? 32 + kWave : 32;
+  static constexpr size_t kBytes = size_t(256) * kRow * NQ * 4;
+};
+
 // q: [rows, n_q_total, 128]; scores the queries [q0, q0 + NQ) of each row.
-template <int NQ>
+template <int NQ, bool ROT>
 __global__ void __launch_bounds__(kScoreThreads, 1) higgs2_rows_kernel(ScoreRowsParams p, int q0,
                                                                        const float* __restrict__ q,
                                                                        const uint8_t* const* __restrict__ codes_rows,
@@ -45,7 +60,8 @@ __global__ void __launch_bounds__(kScoreThreads, 1) higgs2_rows_kernel(ScoreRows
                                                                        const float* __restrict__ grid,
                                                                        float* __restrict__ scores) {
   using V = typename LutVec<NQ>::T;
-  extern __shared__ float lut_f[];  // [256 codes][32 groups][NQ]
+  using T = PlanarTable<NQ, ROT>;
+  extern __shared__ float lut_f[];  // [256 codes][T::kRow groups][NQ]
   V* lut = reinterpret_cast<V*>(lut_f);
   const int64_t row = blockIdx.y;
   const Range rg = score_range(p, ranges[row / p.n_kv_head]);
@@ -68,11 +84,14 @@ __global__ void __launch_bounds__(kScoreThreads, 1) higgs2_rows_kernel(ScoreRows
 #pragma unroll
       for (int qi = 0; qi < NQ; ++qi)
         reinterpret_cast<float*>(&v)[qi] = qv[qi].x * g.x + qv[qi].y * g.y + qv[qi].z * g.z + qv[qi].w * g.w;
-      lut[e] = v;
+      const int c = e >> 5;
+      lut[c * T::kRow + j] = v;
+      if (ROT && j < T::kWave) lut[c * T::kRow + 32 + j] = v;
     }
   }
   __syncthreads();
   const int lane = threadIdx.x & 31;
+  const uint32_t rot = uint32_t(lane) % T::kWave;  // ROT: this lane's first group
   const uint8_t* codes = codes_rows[row] + rg.c0 * 32;
   const uint16_t* scales = reinterpret_cast<const uint16_t*>(scale_rows[row]) + rg.c0;
   const uint32_t wsel = uint32_t(lane) >> 2, x = uint32_t(lane) & 3;
@@ -101,31 +120,59 @@ __global__ void __launch_bounds__(kScoreThreads, 1) higgs2_rows_kernel(ScoreRows
     load(t0 + step + lane, na, nb, nscale);
     const int64_t t = t0 + lane;
     uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-    // w[i] ← w[i ^ wsel] (conditional swaps per bit), then byte k ← byte k ^ x:
-    // byte s of the result is code byte s ^ lane.
-#pragma unroll
-    for (int bit = 1; bit < 8; bit <<= 1) {
-      const bool f = (wsel & uint32_t(bit)) != 0;
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-        if (!(i & bit)) {
-          const uint32_t lo = w[i], hi = w[i | bit];
-          w[i] = f ? hi : lo;
-          w[i | bit] = f ? lo : hi;
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = __byte_perm(w[i], 0, bsel);
     float acc[NQ];
 #pragma unroll
     for (int qi = 0; qi < NQ; ++qi) acc[qi] = 0.f;
+    if constexpr (ROT) {
+      // Rotate the 32 code bytes left by rot: whole words (conditional
+      // rotations by 1, 2, 4 words), then rot mod 4 bytes across each word
+      // pair. Byte s of the result is code byte (s + rot) mod 32, the group
+      // that table column s + rot holds.
 #pragma unroll
-    for (int s = 0; s < 32; ++s) {
-      const uint32_t c = (w[s >> 2] >> (8 * (s & 3))) & 255u;
-      const uint32_t at = (c << 5) | (uint32_t(s) ^ uint32_t(lane));
-      const V v = lut[at];
+      for (int bit = 1; bit < T::kWave / 4; bit <<= 1) {
+        const bool f = ((rot >> 2) & uint32_t(bit)) != 0;
+        uint32_t r[8];
 #pragma unroll
-      for (int qi = 0; qi < NQ; ++qi) acc[qi] += lut_get<NQ>(v, qi);
+        for (int i = 0; i < 8; ++i) r[i] = f ? w[(i + bit) & 7] : w[i];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) w[i] = r[i];
+      }
+      const uint32_t sh = 8 * (rot & 3);
+      const uint32_t w0 = w[0];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) w[i] = __funnelshift_r(w[i], i == 7 ? w0 : w[i + 1], sh);
+      const V* col = lut + rot;
+#pragma unroll
+      for (int s = 0; s < 32; ++s) {
+        const uint32_t c = __byte_perm(w[s >> 2], 0, 0x4440u | uint32_t(s & 3));
+        const V v = col[c * T::kRow + s];
+#pragma unroll
+        for (int qi = 0; qi < NQ; ++qi) acc[qi] += lut_get<NQ>(v, qi);
+      }
+    } else {
+      // w[i] ← w[i ^ wsel] (conditional swaps per bit), then byte k ← byte k ^ x:
+      // byte s of the result is code byte s ^ lane.
+#pragma unroll
+      for (int bit = 1; bit < 8; bit <<= 1) {
+        const bool f = (wsel & uint32_t(bit)) != 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          if (!(i & bit)) {
+            const uint32_t lo = w[i], hi = w[i | bit];
+            w[i] = f ? hi : lo;
+            w[i | bit] = f ? lo : hi;
+          }
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) w[i] = __byte_perm(w[i], 0, bsel);
+#pragma unroll
+      for (int s = 0; s < 32; ++s) {
+        const uint32_t c = (w[s >> 2] >> (8 * (s & 3))) & 255u;
+        const uint32_t at = (c << 5) | (uint32_t(s) ^ uint32_t(lane));
+        const V v = lut[at];
+#pragma unroll
+        for (int qi = 0; qi < NQ; ++qi) acc[qi] += lut_get<NQ>(v, qi);
+      }
     }
     if (t < rg.n)
 #pragma unroll
@@ -321,6 +368,51 @@ __global__ void gqa_max_kernel(GqaRowsParams p, const float* __restrict__ raw, c
 
 cudaStream_t st(const Exec& x) { return static_cast<cudaStream_t>(x.stream); }
 
+// One launch of the planar scorer over queries [q0, q0 + NQ) of every row.
+template <int NQ, bool ROT>
+void launch_planar(const Exec& x, const ScoreRowsParams& p, int q0, const float* q, const uint8_t* const* plane0,
+                   const uint8_t* const* plane1, const StepRanges* ranges, float* scores) {
+  const int64_t n_rows = int64_t(p.n_seq) * p.n_kv_head;
+  constexpr size_t smem = PlanarTable<NQ, ROT>::kBytes;
+  static const bool once = [] {
+    KVT_CUDA_CHECK(cudaFuncSetAttribute(higgs2_rows_kernel<NQ, ROT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(smem)));
+    return true;
+  }();
+  (void)once;
+  // Each block builds its table once, then scores a long stretch of tokens:
+  // as few blocks as keep every SM busy. Four blocks per SM for every eighth
+  // of a row (4,256 blocks at 128K and 8 rows) spent more time building
+  // tables than scoring; one block more than the SMs hold runs alone in a
+  // wave of its own.
+  const int64_t per_sm =
+      std::max<int64_t>(1, std::min<int64_t>(int64_t(227 * 1024) / int64_t(smem), 2048 / kScoreThreads));
+  unsigned bx = unsigned(p.blocks_per_row > 0
+                             ? p.blocks_per_row
+                             : table_blocks_per_row(n_rows, int64_t(device_info().n_sm) * per_sm, 64));
+  if (p.gqa_scratch) {
+    KVT_CHECK(p.n_q > 1 && reinterpret_cast<uintptr_t>(p.gqa_scratch) % 8 == 0,
+              "score_rows: softmax partials are for n_q > 1, in 8-byte aligned scratch");
+    bx = std::min<unsigned>(bx, kMaxSlices);
+  }
+  higgs2_rows_kernel<NQ, ROT><<<dim3(bx, unsigned(n_rows)), kScoreThreads, smem, st(x)>>>(
+      p, q0, q, plane0, plane1, ranges, p.fmt.grid, scores);
+  KVT_CUDA_LAUNCH_CHECK("higgs2_rows_kernel");
+}
+
+template <bool ROT>
+void score_planar(const Exec& x, const ScoreRowsParams& p, const float* q, const uint8_t* const* plane0,
+                  const uint8_t* const* plane1, const StepRanges* ranges, float* scores) {
+  // Query subsets of 4, 2, 1 (the table takes 32 KB of shared memory per query, 40 KB rotated).
+  for (int q0 = 0; q0 < p.n_q;) {
+    const int nq = p.n_q - q0 >= 4 ? 4 : p.n_q - q0 >= 2 ? 2 : 1;
+    if (nq == 4) launch_planar<4, ROT>(x, p, q0, q, plane0, plane1, ranges, scores);
+    else if (nq == 2) launch_planar<2, ROT>(x, p, q0, q, plane0, plane1, ranges, scores);
+    else launch_planar<1, ROT>(x, p, q0, q, plane0, plane1, ranges, scores);
+    q0 += nq;
+  }
+}
+
 }  // namespace
 
 void score_rows(const Exec& x, const ScoreRowsParams& p, const float* q, const uint8_t* const* plane0,
@@ -332,50 +424,8 @@ void score_rows(const Exec& x, const ScoreRowsParams& p, const float* q, const u
   const int64_t max_bx = std::max<int64_t>(1, 8 * int64_t(n_sm) / n_rows + 1);
   if (p.layout == IndexRecLayout::planar_higgs2) {
     KVT_CHECK(p.head_dim == 128 && p.fmt.grid, "score_rows: the planar index is 2-bit HIGGS at head_dim 128");
-    // Query subsets of 4, 2, 1 (the table takes 32 KB of shared memory per query).
-    for (int q0 = 0; q0 < p.n_q;) {
-      const int nq = p.n_q - q0 >= 4 ? 4 : p.n_q - q0 >= 2 ? 2 : 1;
-      const size_t smem = size_t(nq) * 256 * 32 * 4;
-      // Each block builds its table once (32K entries per query), then scores
-      // a long stretch of tokens: as few blocks as keep every SM busy. Four
-      // blocks per SM for every eighth of a row (4,256 blocks at 128K and 8
-      // rows) spent more time building tables than scoring; one block more
-      // than the SMs hold runs alone in a wave of its own.
-      const int64_t per_sm =
-          std::max<int64_t>(1, std::min<int64_t>(int64_t(227 * 1024) / int64_t(smem), 2048 / kScoreThreads));
-      unsigned bx = unsigned(p.blocks_per_row > 0 ? p.blocks_per_row
-                                                  : table_blocks_per_row(n_rows, int64_t(n_sm) * per_sm, 64));
-      if (p.gqa_scratch) {
-        KVT_CHECK(p.n_q > 1 && reinterpret_cast<uintptr_t>(p.gqa_scratch) % 8 == 0,
-                  "score_rows: softmax partials are for n_q > 1, in 8-byte aligned scratch");
-        bx = std::min<unsigned>(bx, kMaxSlices);
-      }
-      const dim3 grid(bx, unsigned(n_rows));
-      if (nq == 4) {
-        static const bool once = [smem] {
-          KVT_CUDA_CHECK(cudaFuncSetAttribute(higgs2_rows_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-          return true;
-        }();
-        (void)once;
-        higgs2_rows_kernel<4><<<grid, kScoreThreads, smem, st(x)>>>(p, q0, q, plane0, plane1, ranges, p.fmt.grid, scores);
-      } else if (nq == 2) {
-        static const bool once = [smem] {
-          KVT_CUDA_CHECK(cudaFuncSetAttribute(higgs2_rows_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-          return true;
-        }();
-        (void)once;
-        higgs2_rows_kernel<2><<<grid, kScoreThreads, smem, st(x)>>>(p, q0, q, plane0, plane1, ranges, p.fmt.grid, scores);
-      } else {
-        static const bool once = [smem] {
-          KVT_CUDA_CHECK(cudaFuncSetAttribute(higgs2_rows_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-          return true;
-        }();
-        (void)once;
-        higgs2_rows_kernel<1><<<grid, kScoreThreads, smem, st(x)>>>(p, q0, q, plane0, plane1, ranges, p.fmt.grid, scores);
-      }
-      KVT_CUDA_LAUNCH_CHECK("higgs2_rows_kernel");
-      q0 += nq;
-    }
+    if (p.planar_rotated) score_planar<true>(x, p, q, plane0, plane1, ranges, scores);
+    else score_planar<false>(x, p, q, plane0, plane1, ranges, scores);
     return;
   }
   const QuantKind kind = p.fmt.spec.kind;
