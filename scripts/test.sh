@@ -20,5 +20,5 @@ if [ "${KVT_SKIP_SANITIZE:-0}" != 1 ]; then
     -DKVT_XGRAMMAR_PREBUILT="$PWD/build/third_party/libkvt_xgrammar.a" >/dev/null
   cmake --build build-asan -j"$jobs" --target kvt_sanitize_suites
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-     ctest --output-on-failure -j"$jobs" --timeout 1500 -L sanitize)
+     ctest --output-on-failure -j"$jobs" --timeout 1500 -L cpu)
 fi
