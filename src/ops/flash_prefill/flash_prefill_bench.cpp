@@ -26,6 +26,7 @@
 #include "backend/cuda_backend.h"
 #include "backend/cuda_device.h"
 #include "ops/bench_args.h"
+#include "ops/bench_timing_cuda.h"
 #include "core/half.h"
 #include "ops/flash_prefill/flash_prefill_cuda.h"
 
@@ -189,17 +190,7 @@ int run(const Options& o) {
       auto launch = [&] { flash_prefill(p, b, b + kQW, b + kQW + kKvW, out.data(), s); };
       launch();  // warm-up: module load, attributes
       KVT_CUDA_CHECK(cudaStreamSynchronize(s));
-      std::vector<double> t;
-      Event e0, e1;
-      for (int r = 0; r < o.reps; ++r) {
-        KVT_CUDA_CHECK(cudaMemsetAsync(flush.data(), r & 0xff, flush.bytes(), s));
-        e0.record(s);
-        launch();
-        e1.record(s);
-        e1.synchronize();
-        t.push_back(e1.elapsed_ms_since(e0));
-      }
-      std::sort(t.begin(), t.end());
+      const std::vector<double> t = time_launches_ms(s, o.reps, flush.data(), flush.bytes(), launch);
       const double med = t[t.size() / 2];
       const double pairs = double(n) * double(n + 1) / 2;  // visible (query, key) pairs
       const double tflops = 4.0 * kHd * kHeads * pairs / (med * 1e-3) / 1e12;

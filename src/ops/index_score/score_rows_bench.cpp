@@ -26,6 +26,7 @@
 #include "backend/cuda_backend.h"
 #include "backend/cuda_device.h"
 #include "ops/bench_args.h"
+#include "ops/bench_timing_cuda.h"
 #include "backend/device.h"
 #include "core/status.h"
 #include "ops/index_score/index_rows.h"
@@ -165,17 +166,8 @@ int run(const Options& o) {
         };
         launch();  // warm-up: attributes, module load
         sync(x);
-        std::vector<double> t;
-        Event e0, e1;
-        for (int r = 0; r < o.reps; ++r) {
-          KVT_CUDA_CHECK(cudaMemsetAsync(flush.data(), r & 0xff, flush.bytes(), s));
-          e0.record(s);
-          launch();
-          e1.record(s);
-          e1.synchronize();
-          t.push_back(1e3 * e1.elapsed_ms_since(e0));
-        }
-        std::sort(t.begin(), t.end());
+        std::vector<double> t = time_launches_ms(s, o.reps, flush.data(), flush.bytes(), launch);
+        for (double& v : t) v *= 1e3;  // µs
         const double med = t[t.size() / 2];
         const double gbs = double(rows) * double(sr.c_hi - sr.c_lo) * (kCodeBytes + 2) / (med * 1e-6) / 1e9;
         fmt::print("{:>5} {:>6} {:>7} {:>8} {:>10.1f} {:>10.1f} {:>10.1f} {:>9.0f}\n", b, rows,
