@@ -7,6 +7,8 @@
 #endif
 
 #include <atomic>
+#include <cstdlib>
+#include <string>
 
 namespace kvtier {
 
@@ -54,6 +56,32 @@ int lut_queries_per_pass(const QuantSpec& fmt, int dim) {
   for (int nq : {4, 2, 1})
     if (lut_smem(s, nq).floats * 4 <= kLutMaxSmem) return nq;
   return 0;
+}
+
+PlanarScorer planar_scorer_from_name(std::string_view name) {
+  if (name == "xor") return PlanarScorer::xor_table;
+  if (name == "rotated") return PlanarScorer::rotated_table;
+  if (name == "mma") return PlanarScorer::mma;
+  fail("unknown planar scorer '{}' (xor, rotated, mma)", name);
+}
+
+const char* planar_scorer_name(PlanarScorer s) {
+  switch (s) {
+    case PlanarScorer::automatic: return "automatic";
+    case PlanarScorer::xor_table: return "xor";
+    case PlanarScorer::rotated_table: return "rotated";
+    case PlanarScorer::mma: return "mma";
+  }
+  return "?";
+}
+
+PlanarScorer planar_scorer_resolved(PlanarScorer s) {
+  if (s != PlanarScorer::automatic) return s;
+  static const PlanarScorer from_env = [] {
+    const char* e = std::getenv("KVT_PLANAR_SCORER");
+    return e && *e ? planar_scorer_from_name(e) : PlanarScorer::rotated_table;
+  }();
+  return from_env;
 }
 
 bool score_rows_by_table(const ScoreRowsParams& p) {

@@ -18,6 +18,7 @@
 // are tested against; dispatchers choose by Exec (index_rows.cpp).
 #pragma once
 #include <cstdint>
+#include <string_view>
 
 #include "backend/device.h"
 #include "ops/kv_append/kv_write.h"
@@ -63,6 +64,12 @@ struct IndexQueryParams {
 void index_query_rows(const Exec& x, const IndexQueryParams& p, const void* q, float* out);
 void index_query_rows_cpu(const IndexQueryParams& p, const float* q, float* out);
 
+enum class PlanarScorer { automatic, xor_table, rotated_table, mma };
+PlanarScorer planar_scorer_from_name(std::string_view name);  // xor, rotated, mma; else fails
+const char* planar_scorer_name(PlanarScorer s);
+// automatic → $KVT_PLANAR_SCORER if set, else the default; others unchanged.
+PlanarScorer planar_scorer_resolved(PlanarScorer s);
+
 struct ScoreRowsParams {
   int n_seq = 0, n_kv_head = 0, head_dim = 0;
   int n_q = 1;               // queries per row (> 1: per-query scores for gqa_rows)
@@ -87,9 +94,14 @@ struct ScoreRowsParams {
   // CUDA, table scorers (planar higgs2, byte table): blocks per row; 0 lets
   // table_blocks_per_row choose (tests and benchmarks force others).
   int blocks_per_row = 0;
-  // CUDA, planar index: the scorer's rotated table layout (score_rows_cuda.cu)
-  // instead of the xor one. The same scores up to the order of the sums.
-  bool planar_rotated = false;
+  // CUDA, planar index: which scorer (score_rows_cuda.cu). xor and rotated
+  // are the per-block lookup table's two layouts (the same scores up to the
+  // order of the f32 sums); mma decodes the codes to the grid's fp16 points
+  // and multiplies on the tensor cores, the queries split into fp16 high and
+  // low parts (the same scores up to the queries' 22 bits and the order of
+  // the sums). automatic: $KVT_PLANAR_SCORER if set (xor, rotated, mma),
+  // else the default, rotated.
+  PlanarScorer planar_scorer = PlanarScorer::automatic;
 };
 constexpr int64_t residual_meta_stride(int64_t out_stride, int m) { return out_stride / (m > 0 ? m : 1) + 2; }
 // q: [rows, n_q, head_dim] f32 (index_query_rows); plane0/plane1 as index_write;

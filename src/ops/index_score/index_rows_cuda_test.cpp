@@ -79,7 +79,7 @@ struct ScoreCase {
   bool by_table = false;      // must run on the byte-table scorer (score_lut_cuda.cu)
   bool meta_scratch = true;   // residual: give the meta scratch (else the thread-per-chunk kernel)
   int blocks_per_row = 0;     // table scorers: forced (0: chosen by table_blocks_per_row)
-  bool planar_rotated = false;  // planar: the rotated table layout
+  PlanarScorer planar_scorer = PlanarScorer::xor_table;  // planar: which scorer
 };
 
 class ScoreRowsCuda : public ::testing::TestWithParam<ScoreCase> {};
@@ -170,7 +170,7 @@ TEST_P(ScoreRowsCuda, MatchesTheCpuQuantizersScores) {
   p.m = 8;
   p.candidates_only = c.candidates_only;
   p.blocks_per_row = c.blocks_per_row;
-  p.planar_rotated = c.planar_rotated;
+  p.planar_scorer = c.planar_scorer;
   p.scale = 0.125f;
   p.out_stride = stride;
   // CPU reference (records layout; planar's records are the same bytes).
@@ -261,9 +261,14 @@ INSTANTIATE_TEST_SUITE_P(
                       // blocks of a few hundred tokens each, their softmax partials combined
                       ScoreCase{"planar", 128, 4, false, false, true, 9},
                       // the rotated table: 1, 2 and 4 queries per pass (7 = 4 + 2 + 1)
-                      ScoreCase{"planar", 128, 1, true, false, true, 0, true},
-                      ScoreCase{"planar", 128, 7, false, false, true, 0, true},
-                      ScoreCase{"planar", 128, 4, false, false, true, 9, true}));
+                      ScoreCase{"planar", 128, 1, true, false, true, 0, PlanarScorer::rotated_table},
+                      ScoreCase{"planar", 128, 7, false, false, true, 0, PlanarScorer::rotated_table},
+                      ScoreCase{"planar", 128, 4, false, false, true, 9, PlanarScorer::rotated_table},
+                      // the tensor-core scorer: passes of 4 queries and fewer (7 = 4 + 3)
+                      ScoreCase{"planar", 128, 1, true, false, true, 0, PlanarScorer::mma},
+                      ScoreCase{"planar", 128, 2, false, false, true, 0, PlanarScorer::mma},
+                      ScoreCase{"planar", 128, 7, false, false, true, 0, PlanarScorer::mma},
+                      ScoreCase{"planar", 128, 4, false, false, true, 9, PlanarScorer::mma}));
 
 // The byte-table scorer: every format family it takes, head_dim 64 to 256,
 // query counts that split into passes of 4, 2 and 1, and with gqa=shadowkv's

@@ -4,14 +4,16 @@
 // sequence's rows, with gqa_rows' softmax partials left as the engine asks.
 // For each batch size and each blocks-per-row setting ("auto" is
 // table_blocks_per_row's choice, "wave" the most blocks that fit one wave,
-// max(1, SMs / rows), the rule before it) and each table layout (xor, or
-// rotated: ScoreRowsParams::planar_rotated): the median and minimum of CUDA-event
+// max(1, SMs / rows), the rule before it) and each scorer
+// (ScoreRowsParams::planar_scorer: the table layouts xor and rotated, the
+// tensor-core mma, whose "auto" blocks its launch picks by its occupancy):
+// the median and minimum of CUDA-event
 // timings with the L2 flushed before each (a step's 32 layers read 32
 // different indexes), µs per sequence, and the codes' read rate. Speed
 // belongs here, not in the tests; index_rows_cuda_test checks the scores.
 //
 // usage: kvt_score_bench [--tokens 131072] [--batch 1,6,12,20] [--blocks auto,wave,4]
-//            [--table xor,rotated] [--reps 20] [--json out.json]
+//            [--table xor,rotated,mma] [--reps 20] [--json out.json]
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -42,7 +44,7 @@ struct Options {
   int64_t tokens = 131072;
   std::vector<int> batch = {1, 6, 12, 20};
   std::vector<int> blocks = {0, -1};  // 0: auto, -1: one wave
-  std::vector<bool> rotated = {false};  // the table layouts timed
+  std::vector<PlanarScorer> scorers = {PlanarScorer::rotated_table};  // the scorers timed
   int reps = 20;
   std::string json_path;
 };
@@ -59,11 +61,8 @@ Options parse(int argc, char** argv) {
       o.blocks.clear();
       for (auto& x : split_list(val)) o.blocks.push_back(x == "auto" ? 0 : x == "wave" ? -1 : std::stoi(x));
     } else if (a == "--table") {
-      o.rotated.clear();
-      for (auto& x : split_list(val)) {
-        KVT_CHECK(x == "xor" || x == "rotated", "--table takes xor and/or rotated, not {}", x);
-        o.rotated.push_back(x == "rotated");
-      }
+      o.scorers.clear();
+      for (auto& x : split_list(val)) o.scorers.push_back(planar_scorer_from_name(x));
     } else if (a == "--reps") {
       o.reps = std::stoi(val);
     } else if (a == "--json") {
@@ -72,7 +71,7 @@ Options parse(int argc, char** argv) {
       fail("unknown option {} (--tokens, --batch, --blocks, --table, --reps, --json)", a);
     }
   });
-  KVT_CHECK(o.reps >= 1 && o.tokens >= 1024 && !o.batch.empty() && !o.blocks.empty() && !o.rotated.empty(),
+  KVT_CHECK(o.reps >= 1 && o.tokens >= 1024 && !o.batch.empty() && !o.blocks.empty() && !o.scorers.empty(),
             "nothing to time");
   for (int b : o.batch) KVT_CHECK(b >= 1 && b <= 256, "batch {} outside 1..256", b);
   for (int b : o.blocks) KVT_CHECK(b >= -1 && b <= 256, "blocks per row {} outside 1..256 (or auto, wave)", b);
@@ -140,7 +139,7 @@ int run(const Options& o) {
   js["tokens"] = n;
   for (int b : o.batch) {
     for (int bpr : o.blocks) {
-      for (bool rot : o.rotated) {
+      for (PlanarScorer sc : o.scorers) {
         ScoreRowsParams p;
         p.n_seq = b;
         p.n_kv_head = kKvHeads;
@@ -155,11 +154,13 @@ int run(const Options& o) {
         p.gqa_scratch = gqa.data();
         const int64_t rows = int64_t(b) * kKvHeads;
         const int n_sm = device_info().n_sm;
+        const bool mma = sc == PlanarScorer::mma;
         const int chosen = bpr > 0   ? bpr
                            : bpr < 0 ? int(std::max<int64_t>(1, n_sm / rows))
+                           : mma     ? 0
                                      : table_blocks_per_row(rows, n_sm, 64);
         p.blocks_per_row = chosen;
-        p.planar_rotated = rot;
+        p.planar_scorer = sc;
         auto launch = [&] {
           score_rows(x, p, q.data<float>(), d_p0.data<const uint8_t* const>(), d_p1.data<const uint8_t* const>(),
                      ranges.data<StepRanges>(), scores.data<float>());
@@ -171,12 +172,13 @@ int run(const Options& o) {
         const double med = t[t.size() / 2];
         const double gbs = double(rows) * double(sr.c_hi - sr.c_lo) * (kCodeBytes + 2) / (med * 1e-6) / 1e9;
         fmt::print("{:>5} {:>6} {:>7} {:>8} {:>10.1f} {:>10.1f} {:>10.1f} {:>9.0f}\n", b, rows,
-                   fmt::format("{}{}", chosen, bpr == 0 ? "*" : bpr < 0 ? "w" : ""), rot ? "rotated" : "xor", med, t[0],
+                   chosen == 0 ? std::string("auto") : fmt::format("{}{}", chosen, bpr == 0 ? "*" : bpr < 0 ? "w" : ""),
+                   planar_scorer_name(sc), med, t[0],
                    med / b, gbs);
         std::fflush(stdout);
         js["rows"].push_back({{"batch", b}, {"rows", rows}, {"blocks_per_row", chosen},
                               {"setting", bpr == 0 ? "auto" : bpr < 0 ? "wave" : "forced"},
-                              {"table", rot ? "rotated" : "xor"},
+                              {"table", planar_scorer_name(sc)},
                               {"median_us", med}, {"min_us", t[0]}, {"us_per_seq", med / b}, {"gb_per_s", gbs},
                               {"times_us", t}});
       }

@@ -25,6 +25,7 @@
 //  * any other record format: a thread per record, decoding it with the
 //    device quantizer library (quant_dev.cuh), the query in shared memory.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include "backend/cuda_backend.h"
@@ -183,6 +184,159 @@ __global__ void __launch_bounds__(kScoreThreads, 1) higgs2_rows_kernel(ScoreRows
       }
   }
   if (gp.part) block_partials<NQ, kScoreThreads>(gp, row * p.n_q + q0, lm, ls);
+}
+
+// The tensor-core planar scorer: per warp a tile of 16 tokens is the A
+// operand of mma.m16n8k16 (f16 in, f32 accumulate), each token's code bytes
+// decoded to the grid's fp16 points; B holds up to 4 queries, each split
+// into an fp16 high and low part (columns 2i and 2i + 1); the grid's points
+// are fp16 values (higgs_grid), so the scores equal the table scorers' up to
+// the queries' 22 bits and the order of the f32 sums. The k order is permuted: in step kk, lane column x = lane % 4 owns
+// group j = 8x + kk, whose 4 dims are its k columns 2x, 2x+1, 2x+8, 2x+9 —
+// one 8-byte grid read per token and step, the lane's code bytes one 8-byte
+// load. The grid sits in shared memory 16 times over, copy r at
+// [code][r], so the lanes of a half-warp read 16 different bank pairs.
+constexpr int kMmaThreads = 256;
+constexpr int kGridCopies = 16;
+constexpr int kMmaTiles = 4;  // tiles per warp and iteration: their loads in flight together
+
+__device__ __forceinline__ uint32_t half2_bits(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// An fp32 value's fp16 high or low part.
+__device__ __forceinline__ float half_part(float v, bool low) {
+  const float hi = __half2float(__float2half_rn(v));
+  return low ? v - hi : hi;
+}
+
+__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Scores queries [q0, q0 + nq) of each row, nq ≤ 4.
+__global__ void __launch_bounds__(kMmaThreads, 2) higgs2_mma_kernel(ScoreRowsParams p, int q0, int nq,
+                                                                   const float* __restrict__ q,
+                                                                   const uint8_t* const* __restrict__ codes_rows,
+                                                                   const uint8_t* const* __restrict__ scale_rows,
+                                                                   const StepRanges* __restrict__ ranges,
+                                                                   const float* __restrict__ grid,
+                                                                   float* __restrict__ scores) {
+  __shared__ uint2 g16[256 * kGridCopies];  // [code][copy]: the point's 4 dims as two half2
+  const int64_t row = blockIdx.y;
+  const Range rg = score_range(p, ranges[row / p.n_kv_head]);
+  const GqaPartials gp = p.gqa_scratch ? gqa_partials(p.gqa_scratch, int64_t(gridDim.y) * p.n_q)
+                                       : GqaPartials{nullptr, nullptr};
+  if (int64_t(blockIdx.x) * (kMmaThreads / 32) * 16 * kMmaTiles >= rg.n) {  // no token for this block
+    if (gp.part && threadIdx.x < nq) put_partial(gp, row * p.n_q + q0 + threadIdx.x, -INFINITY, 0.f);
+    return;
+  }
+  for (int e = threadIdx.x; e < 256 * kGridCopies; e += kMmaThreads) {
+    const float4 g = __ldg(reinterpret_cast<const float4*>(grid) + e / kGridCopies);
+    g16[e] = make_uint2(half2_bits(g.x, g.y), half2_bits(g.z, g.w));
+  }
+  const int lane = threadIdx.x & 31, gr = lane >> 2, xc = lane & 3;
+  // B: column gr is query gr / 2's high (even) or low (odd) part.
+  uint32_t b0[8], b1[8];
+  {
+    const int qi = gr >> 1;
+    const bool low = gr & 1;
+    const float* qr = q + ((row * p.n_q) + q0 + (qi < nq ? qi : 0)) * 128;
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (qi < nq) v = *reinterpret_cast<const float4*>(qr + 4 * (8 * xc + kk));
+      b0[kk] = half2_bits(half_part(v.x, low), half_part(v.y, low));
+      b1[kk] = half2_bits(half_part(v.z, low), half_part(v.w, low));
+    }
+  }
+  __syncthreads();
+  const uint8_t* codes = codes_rows[row] + rg.c0 * 32;
+  const uint16_t* scales = reinterpret_cast<const uint16_t*>(scale_rows[row]) + rg.c0;
+  const uint2* gcopy = g16 + (lane & (kGridCopies - 1));
+  const int64_t warp_id = int64_t(blockIdx.x) * (kMmaThreads / 32) + (threadIdx.x >> 5);
+  constexpr int kSpan = 16 * kMmaTiles;  // a warp's tokens per iteration
+  const int64_t step = int64_t(gridDim.x) * (kMmaThreads / 32) * kSpan;
+  // A tile's inputs for this lane: code bytes 8xc .. 8xc + 7 of tokens
+  // t0 + gr (a) and t0 + gr + 8 (b), and their scales.
+  struct Tile {
+    uint2 a, b;
+    float sa, sb;
+  };
+  auto load = [&](int64_t t0, Tile& tl) {
+    const int64_t ta = t0 + gr, tb = ta + 8;
+    tl.a = tl.b = make_uint2(0, 0);
+    tl.sa = tl.sb = 0.f;
+    if (ta < rg.n) {
+      tl.a = __ldg(reinterpret_cast<const uint2*>(codes + ta * 32) + xc);
+      tl.sa = __bfloat162float(__ushort_as_bfloat16(__ldg(scales + ta)));
+    }
+    if (tb < rg.n) {
+      tl.b = __ldg(reinterpret_cast<const uint2*>(codes + tb * 32) + xc);
+      tl.sb = __bfloat162float(__ushort_as_bfloat16(__ldg(scales + tb)));
+    }
+  };
+  float lm = -INFINITY, ls = 0.f;  // softmax partials of query xc over this lane's tokens
+  Tile next[kMmaTiles];
+#pragma unroll
+  for (int u = 0; u < kMmaTiles; ++u) load(warp_id * kSpan + 16 * u, next[u]);
+  for (int64_t w0 = warp_id * kSpan; w0 < rg.n; w0 += step) {
+    Tile cur[kMmaTiles];
+#pragma unroll
+    for (int u = 0; u < kMmaTiles; ++u) {
+      cur[u] = next[u];
+      load(w0 + step + 16 * u, next[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kMmaTiles; ++u) {
+      const int64_t t0 = w0 + 16 * u;
+      if (t0 >= rg.n) break;
+      const Tile& tl = cur[u];
+      float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        const uint32_t wa = kk < 4 ? tl.a.x : tl.a.y, wb = kk < 4 ? tl.b.x : tl.b.y;
+        const uint32_t sel = 0x4440u | uint32_t(kk & 3);
+        const uint2 ga = gcopy[__byte_perm(wa, 0, sel) * kGridCopies];
+        const uint2 gb = gcopy[__byte_perm(wb, 0, sel) * kGridCopies];
+        mma_16816(d, ga.x, gb.x, ga.y, gb.y, b0[kk], b1[kk]);
+      }
+      if (xc < nq) {
+        const int64_t ta = t0 + gr, tb = ta + 8;
+        float* out = scores + (row * p.n_q + q0 + xc) * p.out_stride;
+        if (ta < rg.n) {
+          const float v = p.scale * tl.sa * (d[0] + d[1]);
+          out[ta] = v;
+          if (gp.part) lse_combine(lm, ls, v, 1.f);
+        }
+        if (tb < rg.n) {
+          const float v = p.scale * tl.sb * (d[2] + d[3]);
+          out[tb] = v;
+          if (gp.part) lse_combine(lm, ls, v, 1.f);
+        }
+      }
+    }
+  }
+  if (!gp.part) return;
+  // Lanes xc, xc + 4, ... hold query xc's partials: combine them, then the warps'.
+  for (int off = 16; off >= 4; off >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, lm, off), s2 = __shfl_xor_sync(0xffffffffu, ls, off);
+    lse_combine(lm, ls, m2, s2);
+  }
+  __shared__ float2 red[kMmaThreads / 32][4];
+  if (lane < 4) red[threadIdx.x >> 5][lane] = make_float2(lm, ls);
+  __syncthreads();
+  if (threadIdx.x < nq) {
+    float m = -INFINITY, sum = 0.f;
+    for (int w = 0; w < kMmaThreads / 32; ++w) lse_combine(m, sum, red[w][threadIdx.x].x, red[w][threadIdx.x].y);
+    put_partial(gp, row * p.n_q + q0 + threadIdx.x, m, sum);
+  }
 }
 
 __device__ __forceinline__ void unpack16(const uint4& raw, float* v, bool fp8) {
@@ -400,6 +554,29 @@ void launch_planar(const Exec& x, const ScoreRowsParams& p, int q0, const float*
   KVT_CUDA_LAUNCH_CHECK("higgs2_rows_kernel");
 }
 
+// The tensor-core scorer over queries [q0, q0 + nq) of every row, nq ≤ 4.
+void launch_planar_mma(const Exec& x, const ScoreRowsParams& p, int q0, int nq, const float* q,
+                       const uint8_t* const* plane0, const uint8_t* const* plane1, const StepRanges* ranges,
+                       float* scores) {
+  const int64_t n_rows = int64_t(p.n_seq) * p.n_kv_head;
+  static const int per_sm = [] {
+    int n = 0;
+    KVT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, higgs2_mma_kernel, kMmaThreads, 0));
+    return std::max(1, n);
+  }();
+  unsigned bx = unsigned(p.blocks_per_row > 0
+                             ? p.blocks_per_row
+                             : table_blocks_per_row(n_rows, int64_t(device_info().n_sm) * per_sm, 256));
+  if (p.gqa_scratch) {
+    KVT_CHECK(p.n_q > 1 && reinterpret_cast<uintptr_t>(p.gqa_scratch) % 8 == 0,
+              "score_rows: softmax partials are for n_q > 1, in 8-byte aligned scratch");
+    bx = std::min<unsigned>(bx, kMaxSlices);
+  }
+  higgs2_mma_kernel<<<dim3(bx, unsigned(n_rows)), kMmaThreads, 0, st(x)>>>(p, q0, nq, q, plane0, plane1, ranges,
+                                                                          p.fmt.grid, scores);
+  KVT_CUDA_LAUNCH_CHECK("higgs2_mma_kernel");
+}
+
 template <bool ROT>
 void score_planar(const Exec& x, const ScoreRowsParams& p, const float* q, const uint8_t* const* plane0,
                   const uint8_t* const* plane1, const StepRanges* ranges, float* scores) {
@@ -424,8 +601,14 @@ void score_rows(const Exec& x, const ScoreRowsParams& p, const float* q, const u
   const int64_t max_bx = std::max<int64_t>(1, 8 * int64_t(n_sm) / n_rows + 1);
   if (p.layout == IndexRecLayout::planar_higgs2) {
     KVT_CHECK(p.head_dim == 128 && p.fmt.grid, "score_rows: the planar index is 2-bit HIGGS at head_dim 128");
-    if (p.planar_rotated) score_planar<true>(x, p, q, plane0, plane1, ranges, scores);
-    else score_planar<false>(x, p, q, plane0, plane1, ranges, scores);
+    switch (planar_scorer_resolved(p.planar_scorer)) {
+      case PlanarScorer::xor_table: score_planar<false>(x, p, q, plane0, plane1, ranges, scores); break;
+      case PlanarScorer::mma:
+        for (int q0 = 0; q0 < p.n_q; q0 += 4)
+          launch_planar_mma(x, p, q0, std::min(4, p.n_q - q0), q, plane0, plane1, ranges, scores);
+        break;
+      default: score_planar<true>(x, p, q, plane0, plane1, ranges, scores);
+    }
     return;
   }
   const QuantKind kind = p.fmt.spec.kind;

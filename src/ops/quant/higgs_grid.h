@@ -29,8 +29,10 @@ struct HiggsGrid {
 };
 
 // The grid for (d, n): the embedded EDENd-n if shipped, else Lloyd's grid
-// (make_gaussian_grid(d, n, kLloydSeed)), built on first use; thread-safe, the
-// reference stays valid for the process. Throws for d < 1, n < 2, n > 65536.
+// (make_gaussian_grid(d, n, kLloydSeed)), its coordinates rounded to the
+// nearest fp16 values (exact on fp16 hardware), built on first use;
+// thread-safe, the reference stays valid for the process. Throws for d < 1,
+// n < 2, n > 65536.
 const HiggsGrid& higgs_grid(int d, int n);
 constexpr uint64_t kLloydSeed = 0x4c6c6f7964ull;
 

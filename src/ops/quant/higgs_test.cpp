@@ -151,6 +151,27 @@ TEST(HiggsGrid, LloydMatchesShippedGridMse) {
   }
 }
 
+// The points in use are the shipped ones rounded to fp16 (the GPU's
+// tensor-core scorer reads them exactly): each within half an fp16 step,
+// and an fp16 value (a further round trip through 11 significant bits and
+// fp16's subnormal step leaves it unchanged).
+TEST(HiggsGrid, PointsAreTheShippedOnesRoundedToFp16) {
+  for (const ShippedGrid& s : shipped_higgs_grids()) {
+    const HiggsGrid& g = higgs_grid(s.dim, s.size);
+    ASSERT_EQ(g.points.size(), size_t(s.size) * s.dim);
+    int moved = 0;
+    for (size_t i = 0; i < g.points.size(); ++i) {
+      const float v = g.points[i], raw = s.points[i];
+      const float ulp = std::abs(raw) < 0x1p-14f ? 0x1p-24f : std::ldexp(1.f, std::ilogb(raw) - 10);
+      ASSERT_LE(std::abs(v - raw), 0.5f * ulp) << g.source << " point " << i;
+      const float step = std::abs(v) < 0x1p-14f ? 0x1p-24f : std::ldexp(1.f, std::ilogb(v) - 10);
+      ASSERT_EQ(std::fmod(v, step), 0.f) << g.source << " point " << i << " = " << v << " is no fp16 value";
+      moved += v != raw;
+    }
+    EXPECT_GT(moved, 0) << g.source;  // the raw grids are f32: rounding must change some points
+  }
+}
+
 TEST(HiggsGrid, UnshippedGridComesFromLloyd) {
   const HiggsGrid& g = higgs_grid(1, 8);  // scalar 3-bit Lloyd–Max
   EXPECT_EQ(g.source, "lloyd1-8");
