@@ -72,7 +72,7 @@ for s in $STEPS; do
               step "stages$((c / 1024))k" 280 "$K" perf --device cuda -m shape:llama3.1-8b -c $((c + 8192)) \
                 --prefill-chunk 8192 -p "$c" -g 16 -r 1 --stages "${POLICIES[@]}" --json
             done ;;
-    score) step score 200 "$BIN/kvt_score_bench" --batch 1,6,12,21 --blocks auto --table xor,rotated \
+    score) step score 200 "$BIN/kvt_score_bench" --batch 1,6,12,21 --blocks auto --table xor,rotated,mma \
              --json "$OUT/score.json" ;;
     maxbatch)  # 128K prompts whose first 126,976 tokens' K/V are random (bench/results/gpu/batch/README.md)
       M=(-m shape:llama3.1-8b -c 132000 --prefill-chunk 4096 -p 131072 --random-kv 126976 -g 16 -r 1 --json)

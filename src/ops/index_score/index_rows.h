@@ -100,7 +100,7 @@ struct ScoreRowsParams {
   // and multiplies on the tensor cores, the queries split into fp16 high and
   // low parts (the same scores up to the queries' 22 bits and the order of
   // the sums). automatic: $KVT_PLANAR_SCORER if set (xor, rotated, mma),
-  // else the default, rotated.
+  // else the default, mma (the fastest on the H200).
   PlanarScorer planar_scorer = PlanarScorer::automatic;
 };
 constexpr int64_t residual_meta_stride(int64_t out_stride, int m) { return out_stride / (m > 0 ? m : 1) + 2; }

@@ -8,8 +8,10 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "core/status.h"
 #include "ops/index_score/index_rows.h"
 #include "ops/quant/quant_format.h"
 #include "ops/topk/topk.h"
@@ -168,6 +170,22 @@ TEST(ScoreRowsTable, BlocksPerRowKeepEverySlotBusy) {
     ASSERT_LE(bx, 64);
     // never less busy than one block per row
     EXPECT_GE(double(blocks) / double(waves * 132) + 1e-9, double(rows) / double(((rows + 131) / 132) * 132)) << rows;
+  }
+}
+
+// The planar scorer's names (ScoreRowsParams::planar_scorer, $KVT_PLANAR_SCORER).
+TEST(ScoreRowsTable, PlanarScorerNamesRoundTripAndUnknownOnesFail) {
+  for (PlanarScorer s : {PlanarScorer::xor_table, PlanarScorer::rotated_table, PlanarScorer::mma}) {
+    EXPECT_EQ(planar_scorer_from_name(planar_scorer_name(s)), s);
+    EXPECT_EQ(planar_scorer_resolved(s), s);
+  }
+  for (const char* bad : {"", "XOR", "tensor", "rotated "}) {
+    try {
+      planar_scorer_from_name(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("unknown planar scorer"), std::string::npos) << e.what();
+    }
   }
 }
 

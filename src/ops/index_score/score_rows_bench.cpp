@@ -44,7 +44,7 @@ struct Options {
   int64_t tokens = 131072;
   std::vector<int> batch = {1, 6, 12, 20};
   std::vector<int> blocks = {0, -1};  // 0: auto, -1: one wave
-  std::vector<PlanarScorer> scorers = {PlanarScorer::rotated_table};  // the scorers timed
+  std::vector<PlanarScorer> scorers = {PlanarScorer::mma};  // the scorers timed
   int reps = 20;
   std::string json_path;
 };

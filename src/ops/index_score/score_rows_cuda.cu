@@ -11,12 +11,15 @@
 //    quantization's asymmetric distance); a lane
 //    owns a token and reads its 32 code bytes with two 16-byte loads; at step s
 //    lane l reads group j = s ^ l, so a warp hits 32 different banks.
-//    ScoreRowsParams::planar_rotated: rows of 32 + R groups instead (R = the
+//    PlanarScorer::rotated_table: rows of 32 + R groups instead (R = the
 //    lanes of one shared-memory wavefront: 8, 16, 32 for 4, 2, 1 queries; the
 //    last R repeat the first) and lane l reads group s + l mod R: still
 //    different banks, but a table address is one byte extract and one
 //    multiply-add with the step as the load's constant offset, and the code
 //    bytes are rotated once per token by whole words and a funnel shift.
+//    PlanarScorer::mma (the default; see higgs2_mma_kernel): the codes
+//    decoded to the grid's fp16 points and multiplied by the queries on the
+//    tensor cores, the codes streamed through a cp.async ring per warp.
 //  * records whose codes fill whole bytes (higgs4/2/1/0.5, 1bit, int1/2/4/8)
 //    and residual landmarks of them: the byte-table kernel of
 //    score_lut_cuda.cu, the same idea over any such format;
@@ -186,38 +189,54 @@ __global__ void __launch_bounds__(kScoreThreads, 1) higgs2_rows_kernel(ScoreRows
   if (gp.part) block_partials<NQ, kScoreThreads>(gp, row * p.n_q + q0, lm, ls);
 }
 
-// The tensor-core planar scorer: per warp a tile of 16 tokens is the A
-// operand of mma.m16n8k16 (f16 in, f32 accumulate), each token's code bytes
-// decoded to the grid's fp16 points; B holds up to 4 queries, each split
-// into an fp16 high and low part (columns 2i and 2i + 1); the grid's points
-// are fp16 values (higgs_grid), so the scores equal the table scorers' up to
-// the queries' 22 bits and the order of the f32 sums. The k order is permuted: in step kk, lane column x = lane % 4 owns
-// group j = 8x + kk, whose 4 dims are its k columns 2x, 2x+1, 2x+8, 2x+9 —
-// one 8-byte grid read per token and step, the lane's code bytes one 8-byte
-// load. The grid sits in shared memory 16 times over, copy r at
-// [code][r], so the lanes of a half-warp read 16 different bank pairs.
+// The tensor-core planar scorer: scoresᵀ = Q · Kᵀ by mma.m16n8k16 (f16 in,
+// f32 accumulate). A (16 × 16, from registers for the whole row): rows 0–3
+// are the up to 4 queries' fp16 high parts, rows 8–11 their low parts (so
+// the queries keep 22 bits), the others zero. B (16 × 8): 8 tokens, each
+// token's code bytes decoded to the grid's points, which are fp16 values
+// (higgs_grid), so the scores equal the table scorers' up to the queries'
+// low bits and the order of the f32 sums. The k order is permuted: in step
+// kk lane column x = lane % 4 owns group j = 8x + kk, whose 4 dims are its k
+// rows 2x, 2x+1, 2x+8, 2x+9 — exactly the B registers of token lane / 4,
+// so one 8-byte shared read of the grid point fills them; the lane's code
+// bytes of that token are one 8-byte load. The grid sits in shared memory
+// 16 times over, copy r at [code][r], so a half-warp's reads hit 16
+// different bank pairs.
+// Each warp streams its spans of 32 tokens through a ring of kMmaStages
+// shared-memory stages by cp.async (codes, and the 16-byte pieces that hold
+// the span's scales), kMmaStages − 1 spans ahead of the one it scores: the
+// scorer is bound by the bytes in flight, not by its instructions.
 constexpr int kMmaThreads = 256;
 constexpr int kGridCopies = 16;
-constexpr int kMmaTiles = 4;  // tiles per warp and iteration: their loads in flight together
+constexpr int kMmaTiles = 4;                 // tiles of 8 tokens per span
+constexpr int kMmaSpan = 8 * kMmaTiles;      // a warp's tokens per iteration
+constexpr int kMmaStages = 4;
+constexpr int kStageCodes = kMmaSpan * 32;   // bytes
+constexpr int kStageBytes = kStageCodes + 80;  // + the span's 64 scale bytes, 16-byte pieces from below them
+constexpr size_t kMmaSmem = size_t(256) * kGridCopies * 8 + size_t(kMmaThreads / 32) * kMmaStages * kStageBytes;
+
+// 16 bytes global → shared, the last 16 − n zero-filled (n = 0: nothing read).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int n) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
 
 __device__ __forceinline__ uint32_t half2_bits(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// An fp32 value's fp16 high or low part.
-__device__ __forceinline__ float half_part(float v, bool low) {
-  const float hi = __half2float(__float2half_rn(v));
-  return low ? v - hi : hi;
-}
-
-__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                          uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 2^x, subnormal results flushed to zero (one MUFU instruction).
+__device__ __forceinline__ float ex2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 // Scores queries [q0, q0 + nq) of each row, nq ≤ 4.
@@ -228,12 +247,14 @@ __global__ void __launch_bounds__(kMmaThreads, 2) higgs2_mma_kernel(ScoreRowsPar
                                                                    const StepRanges* __restrict__ ranges,
                                                                    const float* __restrict__ grid,
                                                                    float* __restrict__ scores) {
-  __shared__ uint2 g16[256 * kGridCopies];  // [code][copy]: the point's 4 dims as two half2
+  extern __shared__ __align__(16) uint8_t mma_smem[];
+  uint2* g16 = reinterpret_cast<uint2*>(mma_smem);  // [code][copy]: the point's 4 dims as two half2
+  constexpr int kSpan = kMmaSpan;
   const int64_t row = blockIdx.y;
   const Range rg = score_range(p, ranges[row / p.n_kv_head]);
   const GqaPartials gp = p.gqa_scratch ? gqa_partials(p.gqa_scratch, int64_t(gridDim.y) * p.n_q)
                                        : GqaPartials{nullptr, nullptr};
-  if (int64_t(blockIdx.x) * (kMmaThreads / 32) * 16 * kMmaTiles >= rg.n) {  // no token for this block
+  if (int64_t(blockIdx.x) * (kMmaThreads / 32) * kSpan >= rg.n) {  // no token for this block
     if (gp.part && threadIdx.x < nq) put_partial(gp, row * p.n_q + q0 + threadIdx.x, -INFINITY, 0.f);
     return;
   }
@@ -242,95 +263,124 @@ __global__ void __launch_bounds__(kMmaThreads, 2) higgs2_mma_kernel(ScoreRowsPar
     g16[e] = make_uint2(half2_bits(g.x, g.y), half2_bits(g.z, g.w));
   }
   const int lane = threadIdx.x & 31, gr = lane >> 2, xc = lane & 3;
-  // B: column gr is query gr / 2's high (even) or low (odd) part.
-  uint32_t b0[8], b1[8];
+  const bool has_q = gr < nq;  // this lane's A rows gr (high) and gr + 8 (low) hold query gr
+  uint32_t a[8][4];
   {
-    const int qi = gr >> 1;
-    const bool low = gr & 1;
-    const float* qr = q + ((row * p.n_q) + q0 + (qi < nq ? qi : 0)) * 128;
+    const float* qr = q + ((row * p.n_q) + q0 + (has_q ? gr : 0)) * 128;
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
       float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (qi < nq) v = *reinterpret_cast<const float4*>(qr + 4 * (8 * xc + kk));
-      b0[kk] = half2_bits(half_part(v.x, low), half_part(v.y, low));
-      b1[kk] = half2_bits(half_part(v.z, low), half_part(v.w, low));
+      if (has_q) v = *reinterpret_cast<const float4*>(qr + 4 * (8 * xc + kk));
+      v.x *= p.scale, v.y *= p.scale, v.z *= p.scale, v.w *= p.scale;  // the scores' scale, folded in
+      const float4 hi = make_float4(__half2float(__float2half_rn(v.x)), __half2float(__float2half_rn(v.y)),
+                                    __half2float(__float2half_rn(v.z)), __half2float(__float2half_rn(v.w)));
+      a[kk][0] = half2_bits(hi.x, hi.y);                      // row gr, k 2x, 2x+1
+      a[kk][1] = half2_bits(v.x - hi.x, v.y - hi.y);          // row gr + 8
+      a[kk][2] = half2_bits(hi.z, hi.w);                      // row gr, k 2x+8, 2x+9
+      a[kk][3] = half2_bits(v.z - hi.z, v.w - hi.w);          // row gr + 8
     }
   }
   __syncthreads();
+  // Token offsets are 32-bit (a row holds < 2^30 tokens, launch_planar_mma).
+  const int n = int(rg.n);
   const uint8_t* codes = codes_rows[row] + rg.c0 * 32;
   const uint16_t* scales = reinterpret_cast<const uint16_t*>(scale_rows[row]) + rg.c0;
-  const uint2* gcopy = g16 + (lane & (kGridCopies - 1));
-  const int64_t warp_id = int64_t(blockIdx.x) * (kMmaThreads / 32) + (threadIdx.x >> 5);
-  constexpr int kSpan = 16 * kMmaTiles;  // a warp's tokens per iteration
-  const int64_t step = int64_t(gridDim.x) * (kMmaThreads / 32) * kSpan;
-  // A tile's inputs for this lane: code bytes 8xc .. 8xc + 7 of tokens
-  // t0 + gr (a) and t0 + gr + 8 (b), and their scales.
-  struct Tile {
-    uint2 a, b;
-    float sa, sb;
-  };
-  auto load = [&](int64_t t0, Tile& tl) {
-    const int64_t ta = t0 + gr, tb = ta + 8;
-    tl.a = tl.b = make_uint2(0, 0);
-    tl.sa = tl.sb = 0.f;
-    if (ta < rg.n) {
-      tl.a = __ldg(reinterpret_cast<const uint2*>(codes + ta * 32) + xc);
-      tl.sa = __bfloat162float(__ushort_as_bfloat16(__ldg(scales + ta)));
+  float* out = scores + (row * p.n_q + q0 + (has_q ? gr : 0)) * p.out_stride + 2 * xc;
+  // This lane's grid copy as a shared-memory address: a point is one
+  // byte extract, one multiply-add and one load.
+  const uint32_t gcopy = uint32_t(__cvta_generic_to_shared(g16)) + uint32_t(lane & (kGridCopies - 1)) * 8u;
+  const int warp = int(threadIdx.x >> 5);
+  const uint32_t ring = uint32_t(__cvta_generic_to_shared(mma_smem)) + 256u * kGridCopies * 8u +
+                        uint32_t(warp * kMmaStages * kStageBytes);
+  const int warp_id = int(blockIdx.x) * (kMmaThreads / 32) + warp;
+  const int step = int(gridDim.x) * (kMmaThreads / 32) * kSpan;
+  // Span w → stage st: lane l copies token w + l's 32 code bytes; lanes 0–4
+  // the 16-byte pieces from the one holding token w's scale (zero-filled
+  // past the row's end).
+  const uintptr_t scales_end = reinterpret_cast<uintptr_t>(scales + n);
+  auto issue = [&](int w, int st) {
+    const uint32_t dst = ring + uint32_t(st * kStageBytes);
+    const int t = w + lane;
+    const uint8_t* src = t < n ? codes + int64_t(t) * 32 : codes;
+    const int nb = t < n ? 16 : 0;
+    cp_async16(dst + lane * 32, src, nb);
+    cp_async16(dst + lane * 32 + 16, src + 16, nb);
+    if (lane < 5) {
+      const uintptr_t piece = (reinterpret_cast<uintptr_t>(scales + w) & ~uintptr_t(15)) + 16 * lane;
+      const int left = piece < scales_end ? int(scales_end - piece < 16 ? scales_end - piece : 16) : 0;
+      cp_async16(dst + kStageCodes + lane * 16, reinterpret_cast<const void*>(left > 0 ? piece : reinterpret_cast<uintptr_t>(scales)),
+                 left);
     }
-    if (tb < rg.n) {
-      tl.b = __ldg(reinterpret_cast<const uint2*>(codes + tb * 32) + xc);
-      tl.sb = __bfloat162float(__ushort_as_bfloat16(__ldg(scales + tb)));
-    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
   };
-  float lm = -INFINITY, ls = 0.f;  // softmax partials of query xc over this lane's tokens
-  Tile next[kMmaTiles];
+  float lm = -INFINITY, ls = 0.f;  // softmax partials of query gr over this lane's tokens
+  const int w_first = warp_id * kSpan;
 #pragma unroll
-  for (int u = 0; u < kMmaTiles; ++u) load(warp_id * kSpan + 16 * u, next[u]);
-  for (int64_t w0 = warp_id * kSpan; w0 < rg.n; w0 += step) {
-    Tile cur[kMmaTiles];
+  for (int s = 0; s < kMmaStages - 1; ++s) issue(w_first + s * step, s);  // spans past the row copy nothing
+  int st = 0;
+  for (int w0 = w_first; w0 < n; w0 += step) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kMmaStages - 2) : "memory");
+    __syncwarp();
+    const uint32_t base = ring + uint32_t(st * kStageBytes);
+    const uint32_t sbase = base + kStageCodes + uint32_t(reinterpret_cast<uintptr_t>(scales + w0) & 15);
+    float v[2 * kMmaTiles];  // this lane's scores: tokens w0 + 8u + 2xc (+1)
 #pragma unroll
     for (int u = 0; u < kMmaTiles; ++u) {
-      cur[u] = next[u];
-      load(w0 + step + 16 * u, next[u]);
-    }
-#pragma unroll
-    for (int u = 0; u < kMmaTiles; ++u) {
-      const int64_t t0 = w0 + 16 * u;
-      if (t0 >= rg.n) break;
-      const Tile& tl = cur[u];
+      uint32_t cx, cy;  // code bytes 8xc .. 8xc + 7 of token w0 + 8u + gr
+      asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(cx), "=r"(cy) : "r"(base + (8 * u + gr) * 32 + 8 * xc));
+      uint32_t sc;  // the bf16 scales of tokens w0 + 8u + 2xc, + 1 (2-byte aligned: two loads)
+      {
+        unsigned short s0, s1;
+        asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(s0) : "r"(sbase + 2 * (8 * u + 2 * xc)));
+        asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(s1) : "r"(sbase + 2 * (8 * u + 2 * xc) + 2));
+        sc = uint32_t(s0) | (uint32_t(s1) << 16);
+      }
       float d[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
-        const uint32_t wa = kk < 4 ? tl.a.x : tl.a.y, wb = kk < 4 ? tl.b.x : tl.b.y;
-        const uint32_t sel = 0x4440u | uint32_t(kk & 3);
-        const uint2 ga = gcopy[__byte_perm(wa, 0, sel) * kGridCopies];
-        const uint2 gb = gcopy[__byte_perm(wb, 0, sel) * kGridCopies];
-        mma_16816(d, ga.x, gb.x, ga.y, gb.y, b0[kk], b1[kk]);
+        const uint32_t cw = kk < 4 ? cx : cy;
+        const uint32_t at = gcopy + __byte_perm(cw, 0, 0x4440u | uint32_t(kk & 3)) * (kGridCopies * 8u);
+        uint32_t gx, gy;
+        asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(gx), "=r"(gy) : "r"(at));
+        mma_16816(d, a[kk], gx, gy);
       }
-      if (xc < nq) {
-        const int64_t ta = t0 + gr, tb = ta + 8;
-        float* out = scores + (row * p.n_q + q0 + xc) * p.out_stride;
-        if (ta < rg.n) {
-          const float v = p.scale * tl.sa * (d[0] + d[1]);
-          out[ta] = v;
-          if (gp.part) lse_combine(lm, ls, v, 1.f);
-        }
-        if (tb < rg.n) {
-          const float v = p.scale * tl.sb * (d[2] + d[3]);
-          out[tb] = v;
-          if (gp.part) lse_combine(lm, ls, v, 1.f);
-        }
-      }
+      // d[0], d[1]: the high parts' sums for the two tokens; d[2], d[3] the low parts'.
+      v[2 * u] = __uint_as_float(sc << 16) * (d[0] + d[2]);
+      v[2 * u + 1] = __uint_as_float(sc & 0xffff0000u) * (d[1] + d[3]);
+    }
+    __syncwarp();  // every lane has read stage st before it is refilled
+    issue(w0 + (kMmaStages - 1) * step, st == 0 ? kMmaStages - 1 : st - 1);
+    st = st == kMmaStages - 1 ? 0 : st + 1;
+    if (!has_q) continue;
+    const bool full = w0 + kSpan <= n;
+    float* op = out + w0;
+#pragma unroll
+    for (int i = 0; i < 2 * kMmaTiles; ++i) {
+      const int t = 8 * (i >> 1) + (i & 1);  // token w0 + 2xc + t
+      if (full || w0 + 2 * xc + t < n) op[t] = v[i];
+      else v[i] = -INFINITY;
+    }
+    if (gp.part) {  // one rescale per span: max, then the sum of e^(v − max)
+      float mx = lm;
+#pragma unroll
+      for (int i = 0; i < 2 * kMmaTiles; ++i) mx = fmaxf(mx, v[i]);
+      if (mx == -INFINITY) continue;  // none of this lane's tokens in the row's last span
+      const float l2e = 1.4426950408889634f, off = -mx * l2e;
+      float sum = ls * ex2_ftz(fmaf(lm, l2e, off));
+#pragma unroll
+      for (int i = 0; i < 2 * kMmaTiles; ++i) sum += ex2_ftz(fmaf(v[i], l2e, off));
+      lm = mx, ls = sum;
     }
   }
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");  // nothing in flight at exit
   if (!gp.part) return;
-  // Lanes xc, xc + 4, ... hold query xc's partials: combine them, then the warps'.
-  for (int off = 16; off >= 4; off >>= 1) {
+  // Lanes 4g .. 4g + 3 hold query g's partials: combine them, then the warps'.
+  for (int off = 1; off <= 2; off <<= 1) {
     const float m2 = __shfl_xor_sync(0xffffffffu, lm, off), s2 = __shfl_xor_sync(0xffffffffu, ls, off);
     lse_combine(lm, ls, m2, s2);
   }
   __shared__ float2 red[kMmaThreads / 32][4];
-  if (lane < 4) red[threadIdx.x >> 5][lane] = make_float2(lm, ls);
+  if (xc == 0 && gr < 4) red[threadIdx.x >> 5][gr] = make_float2(lm, ls);
   __syncthreads();
   if (threadIdx.x < nq) {
     float m = -INFINITY, sum = 0.f;
@@ -559,9 +609,13 @@ void launch_planar_mma(const Exec& x, const ScoreRowsParams& p, int q0, int nq, 
                        const uint8_t* const* plane0, const uint8_t* const* plane1, const StepRanges* ranges,
                        float* scores) {
   const int64_t n_rows = int64_t(p.n_seq) * p.n_kv_head;
+  KVT_CHECK(p.out_stride < (int64_t(1) << 30), "score_rows: rows of {} tokens exceed the planar scorer's int32 offsets",
+            p.out_stride);
   static const int per_sm = [] {
     int n = 0;
-    KVT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, higgs2_mma_kernel, kMmaThreads, 0));
+    KVT_CUDA_CHECK(
+        cudaFuncSetAttribute(higgs2_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMmaSmem)));
+    KVT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, higgs2_mma_kernel, kMmaThreads, kMmaSmem));
     return std::max(1, n);
   }();
   unsigned bx = unsigned(p.blocks_per_row > 0
@@ -572,7 +626,7 @@ void launch_planar_mma(const Exec& x, const ScoreRowsParams& p, int q0, int nq, 
               "score_rows: softmax partials are for n_q > 1, in 8-byte aligned scratch");
     bx = std::min<unsigned>(bx, kMaxSlices);
   }
-  higgs2_mma_kernel<<<dim3(bx, unsigned(n_rows)), kMmaThreads, 0, st(x)>>>(p, q0, nq, q, plane0, plane1, ranges,
+  higgs2_mma_kernel<<<dim3(bx, unsigned(n_rows)), kMmaThreads, kMmaSmem, st(x)>>>(p, q0, nq, q, plane0, plane1, ranges,
                                                                           p.fmt.grid, scores);
   KVT_CUDA_LAUNCH_CHECK("higgs2_mma_kernel");
 }
