@@ -572,6 +572,21 @@ __global__ void gqa_max_kernel(GqaRowsParams p, const float* __restrict__ raw, c
 
 cudaStream_t st(const Exec& x) { return static_cast<cudaStream_t>(x.stream); }
 
+// A planar scorer's blocks per row: p.blocks_per_row if set, else as few as
+// keep the SMs (per_sm blocks each) busy, at most max_per_row; at most one
+// per softmax-partials slot.
+unsigned planar_blocks_per_row(const ScoreRowsParams& p, int64_t n_rows, int64_t per_sm, int max_per_row) {
+  unsigned bx = unsigned(p.blocks_per_row > 0
+                             ? p.blocks_per_row
+                             : table_blocks_per_row(n_rows, int64_t(device_info().n_sm) * per_sm, max_per_row));
+  if (p.gqa_scratch) {
+    KVT_CHECK(p.n_q > 1 && reinterpret_cast<uintptr_t>(p.gqa_scratch) % 8 == 0,
+              "score_rows: softmax partials are for n_q > 1, in 8-byte aligned scratch");
+    bx = std::min<unsigned>(bx, kMaxSlices);
+  }
+  return bx;
+}
+
 // One launch of the planar scorer over queries [q0, q0 + NQ) of every row.
 template <int NQ, bool ROT>
 void launch_planar(const Exec& x, const ScoreRowsParams& p, int q0, const float* q, const uint8_t* const* plane0,
@@ -591,14 +606,7 @@ void launch_planar(const Exec& x, const ScoreRowsParams& p, int q0, const float*
   // wave of its own.
   const int64_t per_sm =
       std::max<int64_t>(1, std::min<int64_t>(int64_t(227 * 1024) / int64_t(smem), 2048 / kScoreThreads));
-  unsigned bx = unsigned(p.blocks_per_row > 0
-                             ? p.blocks_per_row
-                             : table_blocks_per_row(n_rows, int64_t(device_info().n_sm) * per_sm, 64));
-  if (p.gqa_scratch) {
-    KVT_CHECK(p.n_q > 1 && reinterpret_cast<uintptr_t>(p.gqa_scratch) % 8 == 0,
-              "score_rows: softmax partials are for n_q > 1, in 8-byte aligned scratch");
-    bx = std::min<unsigned>(bx, kMaxSlices);
-  }
+  const unsigned bx = planar_blocks_per_row(p, n_rows, per_sm, 64);
   higgs2_rows_kernel<NQ, ROT><<<dim3(bx, unsigned(n_rows)), kScoreThreads, smem, st(x)>>>(
       p, q0, q, plane0, plane1, ranges, p.fmt.grid, scores);
   KVT_CUDA_LAUNCH_CHECK("higgs2_rows_kernel");
@@ -618,14 +626,7 @@ void launch_planar_mma(const Exec& x, const ScoreRowsParams& p, int q0, int nq, 
     KVT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, higgs2_mma_kernel, kMmaThreads, kMmaSmem));
     return std::max(1, n);
   }();
-  unsigned bx = unsigned(p.blocks_per_row > 0
-                             ? p.blocks_per_row
-                             : table_blocks_per_row(n_rows, int64_t(device_info().n_sm) * per_sm, 256));
-  if (p.gqa_scratch) {
-    KVT_CHECK(p.n_q > 1 && reinterpret_cast<uintptr_t>(p.gqa_scratch) % 8 == 0,
-              "score_rows: softmax partials are for n_q > 1, in 8-byte aligned scratch");
-    bx = std::min<unsigned>(bx, kMaxSlices);
-  }
+  const unsigned bx = planar_blocks_per_row(p, n_rows, per_sm, 256);
   higgs2_mma_kernel<<<dim3(bx, unsigned(n_rows)), kMmaThreads, kMmaSmem, st(x)>>>(p, q0, nq, q, plane0, plane1, ranges,
                                                                           p.fmt.grid, scores);
   KVT_CUDA_LAUNCH_CHECK("higgs2_mma_kernel");
