@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One GPU session's measurements in one command (binaries built elsewhere):
 #   bench/gpu_run.sh [STEP ...]      steps: tests fa3 perf32k perf128k perf19m batch stages score maxbatch
+#                                    maxbatch21 ncuscore
 #                                    (default: tests fa3 perf32k perf128k perf19m)
 # Binaries in $BIN (default .device/bin), shared libraries the GPU machine
 # lacks in $BIN/../lib; logs and JSON under $OUT (default out/gpu). Every step
@@ -78,6 +79,18 @@ for s in $STEPS; do
       M=(-m shape:llama3.1-8b -c 132000 --prefill-chunk 4096 -p 131072 --random-kv 126976 -g 16 -r 1 --json)
       step maxbatch_full 200 "$K" perf --device cuda "${M[@]}" --batch 6 --kv full
       step maxbatch_store_gpu 330 "$K" perf --device cuda "${M[@]}" --batch 6,12,18 --kv "yakv,store=gpu,prefill=stream" ;;
+    maxbatch21)  # batch 21 (the H200's largest for yakv,store=gpu) per planar scorer, and its stages
+      M=(-m shape:llama3.1-8b -c 132000 --prefill-chunk 4096 -p 131072 --random-kv 126976 -g 16 -r 1 --json)
+      step maxbatch_full 200 "$K" perf --device cuda "${M[@]}" --batch 6 --kv full
+      for sc in mma rotated; do
+        step "maxbatch21_$sc" 150 env KVT_PLANAR_SCORER=$sc "$K" perf --device cuda "${M[@]}" --batch 21 \
+          --kv "yakv,store=gpu,prefill=stream"
+      done
+      step stages21 150 "$K" perf --device cuda "${M[@]}" --batch 21 --stages --kv "yakv,store=gpu,prefill=stream" ;;
+    ncuscore)  # Nsight Compute on the default (tensor-core) planar scorer at batch 21
+      step ncuscore 240 ncu --kernel-name regex:higgs2 --launch-count 1 --section SpeedOfLight \
+        --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy \
+        "$BIN/kvt_score_bench" --batch 21 --blocks auto --table mma --reps 1 ;;
     *) echo "unknown step $s" ;;
   esac
 done
