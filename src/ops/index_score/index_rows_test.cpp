@@ -179,6 +179,8 @@ TEST(ScoreRowsTable, PlanarScorerNamesRoundTripAndUnknownOnesFail) {
     EXPECT_EQ(planar_scorer_from_name(planar_scorer_name(s)), s);
     EXPECT_EQ(planar_scorer_resolved(s), s);
   }
+  // automatic always resolves to a concrete scorer ($KVT_PLANAR_SCORER or the default).
+  EXPECT_NE(planar_scorer_resolved(PlanarScorer::automatic), PlanarScorer::automatic);
   for (const char* bad : {"", "XOR", "tensor", "rotated "}) {
     try {
       planar_scorer_from_name(bad);
