@@ -92,16 +92,20 @@ def decode(model, cfg, batch, ctx, steps, offloaded):
 
 
 @torch.no_grad()
-def prefill(model, tokens):
+def prefill(model, tokens, reps):
+    """Median ms of `reps` timed forwards of one prompt, after one warm-up."""
     ids = torch.randint(0, model.config.vocab_size, (1, tokens), device="cuda")
     model(input_ids=ids, use_cache=False, logits_to_keep=1)
     torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    model(input_ids=ids, use_cache=False, logits_to_keep=1)
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b)
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        model(input_ids=ids, use_cache=False, logits_to_keep=1)
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return sorted(times)[len(times) // 2]
 
 
 def main():
@@ -111,8 +115,9 @@ def main():
     ap.add_argument("--experts-impl", default=None,
                     help="MoE: transformers' experts_implementation (eager, batched_mm, grouped_mm); default: its own")
     ap.add_argument("--prefill", default="32768", help="prompt lengths to time one prefill forward of (comma list)")
+    ap.add_argument("--prefill-reps", type=int, default=1, help="timed prefill forwards per length (median)")
     ap.add_argument("--configs", default="dynamic:32768:1,dynamic:131072:1,dynamic:131072:4,offloaded:131072:1",
-                    help="comma list of cache:context:batch")
+                    help="comma list of cache:context:batch (empty: no decode)")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--json", default="")
     args = ap.parse_args()
@@ -130,7 +135,7 @@ def main():
     for n in [int(x) for x in args.prefill.split(",") if int(x) > 0]:
         torch.cuda.empty_cache()
         try:
-            ms = prefill(model, n)
+            ms = prefill(model, n, args.prefill_reps)
             row = {"tokens": n, "ms": ms, "tok_per_s": n / ms * 1e3}
             print(f"HF prefill {n} tokens: {ms:.1f} ms, {n / ms * 1e3:.0f} tok/s", flush=True)
         except torch.OutOfMemoryError:
@@ -139,7 +144,7 @@ def main():
         out["prefills"].append(row)
         out.setdefault("prefill", row)
     print(f"{'cache':<32} {'ctx':>7} {'batch':>5} {'step ms':>9} {'tok/s':>8} {'peak GB':>8}")
-    for c in args.configs.split(","):
+    for c in filter(None, args.configs.split(",")):
         kind, ctx, batch = c.split(":")
         ctx, batch = int(ctx), int(batch)
         torch.cuda.empty_cache()

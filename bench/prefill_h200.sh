@@ -13,6 +13,10 @@
 #             the last 16K prefilled through the model
 #   1m        1M prompt, yakv (auto streams: the dense copy does not fit); a time limit
 #             stops it near the end: bench/project_prefill.py projects the rest
+#   peer      32K and 128K prompts, full and yakv, with bf16 and with FP8 weight products
+#             (--prefill-gemm), and HF transformers' prefill at 32K (bench/hf_peer.py) in the
+#             same command; then the FP8 prefill's stages at 32K
+# PREFILL_GEMM=fp8 runs the 128k, 512k and 1m stages with FP8 weight products.
 set -u
 cd "$(dirname "$0")/.."
 STAGE=${1:?stage}
@@ -22,7 +26,7 @@ mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$PWD/.device/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 B=.device/bin
 K=$B/kvtier
-L8B=(--device cuda -m shape:llama3.1-8b -r 1 --json)
+L8B=(--device cuda -m shape:llama3.1-8b -r 1 --json --prefill-gemm "${PREFILL_GEMM:-bf16}")
 case $STAGE in
   tests)
     SRC=$(grep -a -m1 -o '/[[:alnum:]_./+-]*/tests/fixtures/hf_tiny_llama' "$B/kvt_cuda_tests" | head -n1 |
@@ -51,5 +55,16 @@ case $STAGE in
       > "$OUT/1m.jsonl" 2> "$OUT/1m_progress.log"
     kill $smi
     python3 bench/project_prefill.py "$OUT/1m_progress.log" --chunk 16384 ;;
+  peer)
+    P32=(--device cuda -m shape:llama3.1-8b -c 40000 --prefill-chunk 8192 -p 32768 -g 4 -r 3 --json)
+    P128=(--device cuda -m shape:llama3.1-8b -c 140000 --prefill-chunk 8192 -p 131072 -g 4 -r 1 --json)
+    for g in bf16 fp8; do
+      timeout 120 "$K" perf "${P32[@]}" --prefill-gemm $g --kv full --kv yakv > "$OUT/peer_32k_$g.jsonl"
+    done
+    timeout 150 python3 bench/hf_peer.py --prefill 32768 --prefill-reps 3 --configs "" --json "$OUT/peer_hf.json"
+    timeout 100 "$K" perf "${P32[@]}" --prefill-gemm fp8 --stages --kv full > "$OUT/peer_32k_fp8_stages.jsonl"
+    for g in bf16 fp8; do
+      timeout 100 "$K" perf "${P128[@]}" --prefill-gemm $g --kv full --kv yakv > "$OUT/peer_128k_$g.jsonl"
+    done ;;
   *) echo "prefill_h200.sh: unknown stage $STAGE" >&2; exit 2 ;;
 esac

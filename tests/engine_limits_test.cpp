@@ -187,5 +187,26 @@ TEST(EngineLimits, GpuBudgetNeedsTheCudaDevice) {
   EXPECT_THROW(Engine::load(o), Error);
 }
 
+TEST(EngineLimits, Fp8PrefillNeedsTheCudaDeviceAndAKnownName) {
+  EngineOptions o;
+  o.model_path = kModel;
+  o.prefill_gemm = "fp8";
+  try {
+    Engine::load(o);
+    FAIL() << "--prefill-gemm fp8 was accepted on the CPU device";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--device cuda"), std::string::npos) << e.what();
+  }
+  o.prefill_gemm = "int4";
+  try {
+    Engine::load(o);
+    FAIL() << "--prefill-gemm int4 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("expected bf16 or fp8"), std::string::npos) << e.what();
+  }
+  o.prefill_gemm = "bf16";
+  EXPECT_NO_THROW(Engine::load(o));
+}
+
 }  // namespace
 }  // namespace kvtier

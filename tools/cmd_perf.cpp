@@ -127,6 +127,7 @@ void perf(const PerfArgs& a) {
         if (a.json) {
           nlohmann::json j{{"engine", "kvtier"},      {"model", a.engine.model_path},
                            {"device", a.engine.device}, {"threads", a.engine.n_threads},
+                           {"prefill_gemm", a.engine.prefill_gemm},
                            {"kv", kv},                {"n_prompt", n_prompt},
                            {"n_gen", a.n_gen},        {"batch", batch},
                            {"prefill_tok_s", pp_tps}, {"decode_tok_s", tg_tps},

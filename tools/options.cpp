@@ -82,6 +82,11 @@ void add_engine_options(CLI::App& app, EngineOptions& o) {
       ->capture_default_str();
   app.add_flag("--cuda-graphs,!--no-cuda-graphs", o.cuda_graphs,
                "--device cuda: replay each decode step as a captured CUDA graph (default on)");
+  app.add_option("--prefill-gemm", o.prefill_gemm,
+                 "--device cuda: precision of the prompt's weight products: bf16, or fp8 (E4M3 with a scale per "
+                 "token and per output channel; decode stays bf16)")
+      ->check(CLI::IsMember({"bf16", "fp8"}))
+      ->capture_default_str();
 }
 
 void add_sampling_options(CLI::App& app, SamplingParams& s) {

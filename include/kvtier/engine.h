@@ -46,6 +46,10 @@ struct EngineOptions {
   // on CUDA device 0; the policy's plan says where its KV lives: kv/kv_plan.h).
   std::string device = "cpu";
   bool cuda_graphs = true;  // decode steps replay a captured CUDA graph
+  // --device cuda: the precision of the prompt's weight products, "bf16" or
+  // "fp8" (E4M3, one scale per token and per output channel, over an FP8
+  // copy of the dense matrices; decode steps stay bf16).
+  std::string prefill_gemm = "bf16";
   // Time each stage of the decode steps (Engine::stage_times_ms; turns CUDA
   // graphs off and adds a timing event per stage: for benchmarks).
   bool stage_times = false;

@@ -157,7 +157,13 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& options) {
   KVT_CHECK(options.gpu_kv_budget == 0 || options.device == "cuda",
             "--gpu-kv-budget needs --device cuda (on the CPU the key index and windows live in host memory and "
             "are charged to --host-kv-budget)");
-  if (options.device == "cuda") impl.gpu = make_gpu_model(*impl.model, options.cuda_graphs && !options.stage_times);
+  KVT_CHECK(options.prefill_gemm == "bf16" || options.prefill_gemm == "fp8",
+            "--prefill-gemm \"{}\": expected bf16 or fp8", options.prefill_gemm);
+  KVT_CHECK(options.prefill_gemm == "bf16" || options.device == "cuda",
+            "--prefill-gemm fp8 needs --device cuda (the CPU's prompt products are f32 sgemm)");
+  if (options.device == "cuda")
+    impl.gpu = make_gpu_model(*impl.model, options.cuda_graphs && !options.stage_times,
+                              options.prefill_gemm == "fp8" ? PrefillGemm::fp8 : PrefillGemm::bf16);
   if (options.gpu_kv_budget >= 1) {
     impl.gpu_kv_budget_bytes = int64_t(options.gpu_kv_budget);
   } else if (options.gpu_kv_budget > 0) {

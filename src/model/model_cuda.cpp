@@ -14,6 +14,7 @@
 
 #include "model/model_cuda_detail.h"
 #include "ops/embed/embed_cuda.h"
+#include "ops/gemm/gemm_fp8_cuda.h"
 #include "ops/rmsnorm/rmsnorm_cuda.h"
 #include "ops/rope/rope_cuda.h"
 #include "ops/swiglu/swiglu_cuda.h"
@@ -52,7 +53,8 @@ Activations& CudaModel::activations(int rows, int logit_rows) {
     const size_t n = size_t(rows), E = size_t(c_.n_embd), bf = 2;
     const size_t q_dim = size_t(c_.n_head) * size_t(c_.head_dim), kv_dim = size_t(c_.n_kv_head) * size_t(c_.head_dim);
     // The old buffers go first, so that growing needs only the new size free.
-    for (DeviceBuffer* b : {&a.ids, &a.pos, &a.x, &a.xb, &a.delta, &a.q, &a.k_pre, &a.k, &a.v, &a.att, &a.gu, &a.h})
+    for (DeviceBuffer* b :
+         {&a.ids, &a.pos, &a.x, &a.xb, &a.delta, &a.q, &a.k_pre, &a.k, &a.v, &a.att, &a.gu, &a.h, &a.x8, &a.x8_scale})
       *b = DeviceBuffer();
     a.moe.reset();
     a.cap = 0;
@@ -71,6 +73,10 @@ Activations& CudaModel::activations(int rows, int logit_rows) {
     if (any_dense) {
       a.gu = DeviceBuffer(n * 2 * size_t(c_.n_ff) * bf);
       a.h = DeviceBuffer(n * size_t(c_.n_ff) * bf);
+    }
+    if (prefill_fp8_) {
+      a.x8 = DeviceBuffer(n * std::max({E, q_dim, any_dense ? size_t(c_.n_ff) : size_t(0)}));
+      a.x8_scale = DeviceBuffer(n * 4);
     }
     if (c_.is_moe()) a.moe = std::make_unique<cuda::MoeRunner>(moe_config(c_), rows);
     a.h_ids = PinnedBuffer(n * 4);
@@ -230,15 +236,33 @@ void CudaSequence::run(Activations& a, int n_tok, KvCache* const* kvs, int n_kv,
   const int E = c.n_embd, hd = c.head_dim;
   const float scale = 1.0f / std::sqrt(float(hd));
   cuda::Gemm& gemm = m_.gemm_;
+  // A prompt chunk's weight products in FP8 (PrefillGemm::fp8): each input is
+  // quantized once per token row, then multiplied by the matrices' FP8 copies.
+  // Decode steps (the cache decoding, or a batch of sequences) stay bf16.
+  const bool fp8 = m_.prefill_fp8_ && n_kv == 1 && !kvs[0]->decoding();
+  auto quantize = [&](const void* x, int64_t k) {
+    cuda::quantize_rows_fp8(x, n_tok, k, 0, a.x8.data<uint8_t>(), a.x8_scale.data<float>(), s_);
+  };
+  auto gemm8 = [&](int64_t n, int64_t k, const Fp8Matrix& w, void* y) {
+    gemm.run_fp8(n_tok, n, k, a.x8.data<uint8_t>(), a.x8_scale.data<float>(), w.q.data<uint8_t>(),
+                 w.scale.data<float>(), y, s_);
+  };
   cuda::embed_rows(m_.tok_embd_.data(), a.ids.data<int32_t>(), n_tok, E, a.x.data(), s_);
   const void* delta = nullptr;  // the previous block's output, added to x by the next norm
   for (int l = 0; l < c.n_layer; ++l) {
     const GpuLayer& L = m_.layers_[size_t(l)];
     // Attention block.
     cuda::add_rmsnorm(a.x.data(), delta, L.attn_norm.data(), n_tok, E, c.rms_eps, a.xb.data(), s_);
-    gemm.run(n_tok, q_dim_, E, a.xb.data(), L.wq.data(), a.q.data(), s_);      // q: [n_tok, n_head, hd]
-    gemm.run(n_tok, kv_dim_, E, a.xb.data(), L.wk.data(), a.k_pre.data(), s_);  // k: [n_tok, n_kv_head, hd]
-    gemm.run(n_tok, kv_dim_, E, a.xb.data(), L.wv.data(), a.v.data(), s_);      // v: [n_tok, n_kv_head, hd]
+    if (fp8) {
+      quantize(a.xb.data(), E);
+      gemm8(q_dim_, E, L.wq8, a.q.data());
+      gemm8(kv_dim_, E, L.wk8, a.k_pre.data());
+      gemm8(kv_dim_, E, L.wv8, a.v.data());
+    } else {
+      gemm.run(n_tok, q_dim_, E, a.xb.data(), L.wq.data(), a.q.data(), s_);      // q: [n_tok, n_head, hd]
+      gemm.run(n_tok, kv_dim_, E, a.xb.data(), L.wk.data(), a.k_pre.data(), s_);  // k: [n_tok, n_kv_head, hd]
+      gemm.run(n_tok, kv_dim_, E, a.xb.data(), L.wv.data(), a.v.data(), s_);      // v: [n_tok, n_kv_head, hd]
+    }
     if (L.bq.bytes()) cuda::add_bias(a.q.data(), L.bq.data<float>(), n_tok, int(q_dim_), s_);
     if (L.bk.bytes()) cuda::add_bias(a.k_pre.data(), L.bk.data<float>(), n_tok, int(kv_dim_), s_);
     if (L.bv.bytes()) cuda::add_bias(a.v.data(), L.bv.data<float>(), n_tok, int(kv_dim_), s_);
@@ -273,12 +297,23 @@ void CudaSequence::run(Activations& a, int n_tok, KvCache* const* kvs, int n_kv,
         }
       }
     }
-    gemm.run(n_tok, E, q_dim_, a.att.data(), L.wo.data(), a.delta.data(), s_);
+    if (fp8) {
+      quantize(a.att.data(), q_dim_);
+      gemm8(E, q_dim_, L.wo8, a.delta.data());
+    } else {
+      gemm.run(n_tok, E, q_dim_, a.att.data(), L.wo.data(), a.delta.data(), s_);
+    }
 
     // Feed-forward block: the mixture of experts, or one SwiGLU.
     cuda::add_rmsnorm(a.x.data(), a.delta.data(), L.ffn_norm.data(), n_tok, E, c.rms_eps, a.xb.data(), s_);
     if (c.is_moe_layer(l)) {
       a.moe->run(L.moe(), a.xb.data(), n_tok, a.delta.data(), gemm, s_);  // [n_tok, n_embd]
+    } else if (fp8) {
+      quantize(a.xb.data(), E);
+      gemm8(2 * int64_t(c.n_ff), E, L.w_gate_up8, a.gu.data());  // [n_tok, 2 n_ff]
+      cuda::swiglu(a.gu.data(), n_tok, c.n_ff, a.h.data(), s_);  // [n_tok, n_ff]
+      quantize(a.h.data(), c.n_ff);
+      gemm8(E, c.n_ff, L.w_down8, a.delta.data());
     } else {
       gemm.run(n_tok, 2 * int64_t(c.n_ff), E, a.xb.data(), L.w_gate_up.data(), a.gu.data(), s_);  // [n_tok, 2 n_ff]
       cuda::swiglu(a.gu.data(), n_tok, c.n_ff, a.h.data(), s_);                                   // [n_tok, n_ff]
@@ -314,9 +349,9 @@ void CudaModel::forward_decode(const int32_t* tokens, const int64_t* pos, KvCach
 
 }  // namespace model_cuda_detail
 
-std::unique_ptr<GpuModel> make_gpu_model(const Model& model, bool graphs) {
+std::unique_ptr<GpuModel> make_gpu_model(const Model& model, bool graphs, PrefillGemm prefill_gemm) {
   KVT_CHECK(cuda_device_count() > 0, "--device cuda: no CUDA device found ({})", cuda_device_summary());
-  return std::make_unique<model_cuda_detail::CudaModel>(model, graphs);
+  return std::make_unique<model_cuda_detail::CudaModel>(model, graphs, prefill_gemm);
 }
 
 }  // namespace kvtier

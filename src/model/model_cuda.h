@@ -57,6 +57,13 @@ class GpuModel {
 // experts, 32 per token).
 // graphs: decode steps replay a captured CUDA graph of the whole forward pass
 // (captured once per KV layout; the first step after a change runs eagerly).
-std::unique_ptr<GpuModel> make_gpu_model(const Model& model, bool graphs = true);
+// prefill_gemm: the precision of the weight products of prompt chunks (a
+// forward of more than one token of one sequence). fp8: E4M3 with one scale
+// per token and per output channel (ops/gemm/gemm_fp8.h), over an FP8 copy of
+// the dense layers' matrices made at load (half their bf16 bytes again; MoE
+// experts stay bf16); it needs FP8 tensor cores. Decode steps stay bf16.
+enum class PrefillGemm { bf16, fp8 };
+std::unique_ptr<GpuModel> make_gpu_model(const Model& model, bool graphs = true,
+                                         PrefillGemm prefill_gemm = PrefillGemm::bf16);
 
 }  // namespace kvtier

@@ -24,6 +24,13 @@ namespace kvtier::model_cuda_detail {
 using cuda::DeviceBuffer;
 using cuda::PinnedBuffer;
 
+// A weight matrix [n_out, n_in] as E4M3 codes with one f32 scale per output
+// channel (ops/gemm/gemm_fp8.h): the prompt's products with --prefill-gemm fp8.
+struct Fp8Matrix {
+  DeviceBuffer q;      // [n_out, n_in] E4M3
+  DeviceBuffer scale;  // [n_out] f32
+};
+
 struct GpuLayer {
   DeviceBuffer attn_norm, ffn_norm;  // [n_embd] bf16
   DeviceBuffer wq, wk, wv, wo;       // [q_dim, n_embd], [kv_dim, n_embd] x2, [n_embd, q_dim] bf16
@@ -31,6 +38,9 @@ struct GpuLayer {
   DeviceBuffer q_norm, k_norm;       // [head_dim] bf16 or empty (Qwen3)
   DeviceBuffer w_gate_up;            // [2 * n_ff, n_embd] bf16: gate rows, then up rows
   DeviceBuffer w_down;               // [n_embd, n_ff] bf16
+  // FP8 copies of the dense matrices (PrefillGemm::fp8 only; MoE layers have
+  // wq8..wo8 alone).
+  Fp8Matrix wq8, wk8, wv8, wo8, w_gate_up8, w_down8;
   // MoE layers instead of w_gate_up / w_down (ops/moe/moe_cuda.h):
   DeviceBuffer moe_router;   // [n_expert, n_embd] bf16
   DeviceBuffer moe_gate_up;  // [n_expert, 2 * n_ff_expert, n_embd] bf16: expert e's gate rows, then its up rows
@@ -63,6 +73,9 @@ struct Activations {
   DeviceBuffer gu;     // [cap, 2 * n_ff] bf16 (empty when every layer is MoE)
   DeviceBuffer h;      // [cap, n_ff] bf16 (empty when every layer is MoE)
   DeviceBuffer logits; // [logit_rows, n_vocab] f32
+  // PrefillGemm::fp8: a product's input rows as E4M3 and their scales.
+  DeviceBuffer x8;        // [cap, max(n_embd, q_dim, n_ff)] E4M3
+  DeviceBuffer x8_scale;  // [cap] f32
   std::unique_ptr<cuda::MoeRunner> moe;  // MoE models: the expert block's working memory
   PinnedBuffer h_ids, h_pos;  // staging of the step's inputs
   PinnedBuffer h_logits;      // [logit_rows, n_vocab] f32: the logits' host copy (a graph's copy target)
@@ -70,7 +83,7 @@ struct Activations {
 
 class CudaModel final : public GpuModel {
  public:
-  CudaModel(const Model& model, bool graphs);
+  CudaModel(const Model& model, bool graphs, PrefillGemm prefill_gemm);
   ~CudaModel() override;
   std::unique_ptr<GpuSequence> start(int capacity) override;
   void forward_decode(const int32_t* tokens, const int64_t* pos, KvCache* const* kvs, int n_seq,
@@ -79,8 +92,10 @@ class CudaModel final : public GpuModel {
   Device& device() override { return dev_; }
   size_t weight_bytes() const override { return weight_bytes_; }
   std::string describe() const override {
-    return fmt::format("cuda ({}), weights {:.1f} MiB bf16", cuda_device_summary(),
-                       double(weight_bytes_) / (1 << 20));
+    return fmt::format("cuda ({}), weights {:.1f} MiB bf16{}", cuda_device_summary(),
+                       double(weight_bytes_ - fp8_bytes_) / (1 << 20),
+                       fp8_bytes_ ? fmt::format(" + {:.1f} MiB FP8 for prompts", double(fp8_bytes_) / (1 << 20))
+                                  : std::string());
   }
 
  private:
@@ -93,9 +108,12 @@ class CudaModel final : public GpuModel {
   DeviceBuffer output_;     // [n_vocab, n_embd] bf16, empty when tied to tok_embd_
   DeviceBuffer out_norm_;   // [n_embd] bf16
   DeviceBuffer inv_freq_;   // [head_dim / 2] f32
-  size_t weight_bytes_ = 0;
+  size_t weight_bytes_ = 0;  // FP8 copies included
+  size_t fp8_bytes_ = 0;     // of which the FP8 copies
   cuda::Gemm gemm_;
   const bool graphs_;
+  const bool prefill_fp8_;
+  void make_fp8_copies();
   std::mutex forward_mu_;  // one forward at a time: they share act_ and the stream
   Activations act_;
   std::unique_ptr<CudaSequence> batch_;  // forward_decode's graph and arrangement, for up to batch_cap_

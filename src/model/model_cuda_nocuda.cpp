@@ -4,7 +4,7 @@
 
 namespace kvtier {
 
-std::unique_ptr<GpuModel> make_gpu_model(const Model&, bool) {
+std::unique_ptr<GpuModel> make_gpu_model(const Model&, bool, PrefillGemm) {
   fail("--device cuda: kvtier was built without CUDA (configure with -DKVT_CUDA=ON and nvcc)");
 }
 

@@ -280,6 +280,38 @@ TEST(GpuModel, PrefillChunkingDoesNotChangeTheResult) {
   EXPECT_LT(a.max_rel_l2, kRelL2);
 }
 
+// PrefillGemm::fp8: the prompt's weight products in E4M3 with a scale per
+// token and per output channel. On every test model its prefill logits stay
+// within FP8's rounding of the bf16 model's (E4M3 keeps 3 mantissa bits: a
+// product is off by a few % of its scale; a broken product gives ~1), differ
+// from them (the FP8 path ran), and do not depend on the chunking (per-row
+// scales: a token's products see only its own row). The decode steps that
+// follow are bf16 products over the FP8 prompt's KV.
+constexpr double kFp8RelL2 = 1.5e-1;
+
+TEST(GpuModel, Fp8PrefillStaysNearBf16AndIgnoresChunking) {
+  KVT_REQUIRE_GPU();
+  for (const ModelCase& mc : model_cases()) {
+    Model model(open_model_source(mc.write()));
+    auto bf16 = make_gpu_model(model);
+    auto fp8 = make_gpu_model(model, true, PrefillGemm::fp8);
+    EXPECT_GT(fp8->weight_bytes(), bf16->weight_bytes()) << mc.name << ": the FP8 copies";
+    const auto prompt = test_prompt(193, model.config().n_vocab);  // chunks of 64: the last has one token
+    for (const std::string policy : {"full", "yakv"}) {
+      const GreedyRun ref = greedy(model, bf16.get(), policy, prompt, 64, 8);
+      const GreedyRun chunked = greedy(model, fp8.get(), policy, prompt, 64, 8);
+      const GreedyRun one = greedy(model, fp8.get(), policy, prompt, 193, 8);
+      const Agreement a = compare(ref, chunked), c = compare(one, chunked);
+      std::printf("[fp8-vs-bf16] %-34s %-6s prefill rel-L2 %.2e  same %d/8  chunked vs one-shot %.1e\n",
+                  mc.name.c_str(), policy.c_str(), a.first_rel_l2, a.n_same, c.first_rel_l2);
+      const std::string what = mc.name + " " + policy;
+      EXPECT_LT(a.first_rel_l2, kFp8RelL2) << what;
+      EXPECT_GT(a.first_rel_l2, 1e-3) << what << ": the FP8 products must show in the logits";
+      EXPECT_LT(c.first_rel_l2, kRelL2) << what << ": chunking changed the FP8 prefill";
+    }
+  }
+}
+
 TEST(GpuModel, EngineRunsOnCudaAndMatchesCpuLogits) {
   KVT_REQUIRE_GPU();
   const std::string path = model_cases()[2].write();  // qwen2 HF dir (no tokenizer needed)

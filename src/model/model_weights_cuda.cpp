@@ -9,6 +9,7 @@
 #include "core/threads.h"
 #include "model/model_cuda_detail.h"
 #include "ops/dequant/dequant.h"
+#include "ops/gemm/gemm_fp8_cuda.h"
 #include "ops/rope/rope.h"
 
 namespace kvtier::model_cuda_detail {
@@ -95,7 +96,8 @@ void upload_experts(const ModelSource& src, int l, GpuLayer* L, size_t* total) {
 
 }  // namespace
 
-CudaModel::CudaModel(const Model& model, bool graphs) : model_(model), c_(model.config()), graphs_(graphs) {
+CudaModel::CudaModel(const Model& model, bool graphs, PrefillGemm prefill_gemm)
+    : model_(model), c_(model.config()), graphs_(graphs), prefill_fp8_(prefill_gemm == PrefillGemm::fp8) {
   const ModelConfig& c = c_;
   const ModelSource& src = model.source();
   KVT_CHECK(c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256,
@@ -107,8 +109,20 @@ CudaModel::CudaModel(const Model& model, bool graphs) : model_(model), c_(model.
             src.path, c.n_ff_expert);
   const int64_t E = c.n_embd, q_dim = int64_t(c.n_head) * c.head_dim, kv_dim = int64_t(c.n_kv_head) * c.head_dim;
   size_t* total = &weight_bytes_;
+  if (prefill_fp8_) {
+    int dev = 0, major = 0, minor = 0;
+    KVT_CUDA_CHECK(cudaGetDevice(&dev));
+    KVT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    KVT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    KVT_CHECK(major * 10 + minor >= 89, "--prefill-gemm fp8 needs FP8 tensor cores (compute capability 8.9 or later; "
+              "this GPU: {}.{})", major, minor);
+    KVT_CHECK(E % 16 == 0 && q_dim % 16 == 0 && (c.is_moe() || c.n_ff % 16 == 0),
+              "{}: --prefill-gemm fp8 needs n_embd {}, n_head * head_dim {} and n_ff {} to be multiples of 16",
+              src.path, E, q_dim, c.n_ff);
+  }
   if (src.shape_only) {
     random_weights();
+    if (prefill_fp8_) make_fp8_copies();
     return;
   }
   auto mat = [&](const std::string& name, int64_t n_out, int64_t n_in) {
@@ -152,6 +166,33 @@ CudaModel::CudaModel(const Model& model, bool graphs) : model_(model), c_(model.
   const Rope rope(c, std::move(freq_divisors));
   inv_freq_ = upload(rope.inv_freq(), total);
   weight_bytes_ -= inv_freq_.bytes();
+  if (prefill_fp8_) make_fp8_copies();
+}
+
+// The FP8 copies of the dense matrices, quantized on the GPU from their bf16
+// values: one scale per output channel (ops/gemm/gemm_fp8.h).
+void CudaModel::make_fp8_copies() {
+  const ModelConfig& c = c_;
+  const int64_t E = c.n_embd, q_dim = int64_t(c.n_head) * c.head_dim, kv_dim = int64_t(c.n_kv_head) * c.head_dim;
+  const cudaStream_t s = static_cast<cudaStream_t>(dev_.exec().stream);
+  auto fp8 = [&](const DeviceBuffer& w, int64_t n_out, int64_t n_in) {
+    Fp8Matrix m{DeviceBuffer(size_t(n_out * n_in)), DeviceBuffer(size_t(n_out) * 4)};
+    cuda::quantize_rows_fp8(w.data(), n_out, n_in, 0, m.q.data<uint8_t>(), m.scale.data<float>(), s);
+    fp8_bytes_ += m.q.bytes() + m.scale.bytes();
+    return m;
+  };
+  for (int l = 0; l < c.n_layer; ++l) {
+    GpuLayer& L = layers_[size_t(l)];
+    L.wq8 = fp8(L.wq, q_dim, E);
+    L.wk8 = fp8(L.wk, kv_dim, E);
+    L.wv8 = fp8(L.wv, kv_dim, E);
+    L.wo8 = fp8(L.wo, E, q_dim);
+    if (c.is_moe_layer(l)) continue;
+    L.w_gate_up8 = fp8(L.w_gate_up, 2 * int64_t(c.n_ff), E);
+    L.w_down8 = fp8(L.w_down, E, c.n_ff);
+  }
+  weight_bytes_ += fp8_bytes_;
+  KVT_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 // A model shape (no weights): every matrix (routers and experts included)
