@@ -244,8 +244,8 @@ void CudaSequence::run(Activations& a, int n_tok, KvCache* const* kvs, int n_kv,
     cuda::quantize_rows_fp8(x, n_tok, k, 0, a.x8.data<uint8_t>(), a.x8_scale.data<float>(), s_);
   };
   auto gemm8 = [&](int64_t n, int64_t k, const Fp8Matrix& w, void* y) {
-    gemm.run_fp8(n_tok, n, k, a.x8.data<uint8_t>(), a.x8_scale.data<float>(), w.q.data<uint8_t>(),
-                 w.scale.data<float>(), y, s_);
+    cuda::gemm_fp8(gemm, n_tok, n, k, a.x8.data<uint8_t>(), a.x8_scale.data<float>(), w.q.data<uint8_t>(),
+                   w.scale.data<float>(), y, s_);
   };
   cuda::embed_rows(m_.tok_embd_.data(), a.ids.data<int32_t>(), n_tok, E, a.x.data(), s_);
   const void* delta = nullptr;  // the previous block's output, added to x by the next norm
@@ -309,9 +309,11 @@ void CudaSequence::run(Activations& a, int n_tok, KvCache* const* kvs, int n_kv,
     if (c.is_moe_layer(l)) {
       a.moe->run(L.moe(), a.xb.data(), n_tok, a.delta.data(), gemm, s_);  // [n_tok, n_embd]
     } else if (fp8) {
-      quantize(a.xb.data(), E);
-      gemm8(2 * int64_t(c.n_ff), E, L.w_gate_up8, a.gu.data());  // [n_tok, 2 n_ff]
-      cuda::swiglu(a.gu.data(), n_tok, c.n_ff, a.h.data(), s_);  // [n_tok, n_ff]
+      quantize(a.xb.data(), E);  // gate|up unscaled: SwiGLU applies the scales as it reads them
+      gemm.run_fp8_codes(n_tok, 2 * int64_t(c.n_ff), E, a.x8.data<uint8_t>(), L.w_gate_up8.q.data<uint8_t>(),
+                         a.gu.data(), s_);
+      cuda::swiglu(a.gu.data(), n_tok, c.n_ff, a.h.data(), s_, a.x8_scale.data<float>(),
+                   L.w_gate_up8.scale.data<float>());
       quantize(a.h.data(), c.n_ff);
       gemm8(E, c.n_ff, L.w_down8, a.delta.data());
     } else {

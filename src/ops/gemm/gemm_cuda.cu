@@ -28,8 +28,8 @@ struct Gemm::Impl {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  // bf16 × bf16 → bf16 or f32; E4M3 × E4M3 with per-row scales → bf16.
-  enum class Kind { bf16, bf16_to_f32, fp8_rows };
+  // bf16 × bf16 → bf16 or f32; E4M3 × E4M3 → bf16 (unit scales).
+  enum class Kind { bf16, bf16_to_f32, fp8 };
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, Kind>, Plan> plans;
 
   const Plan& plan(int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ldy, Kind kind) {
@@ -43,18 +43,11 @@ struct Gemm::Impl {
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     KVT_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
     KVT_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-    const cudaDataType_t in = kind == Kind::fp8_rows ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+    const cudaDataType_t in = kind == Kind::fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
     KVT_LT(cublasLtMatrixLayoutCreate(&p.a, in, uint64_t(k), uint64_t(n), k));
     KVT_LT(cublasLtMatrixLayoutCreate(&p.b, in, uint64_t(k), uint64_t(m), ldx));
     KVT_LT(cublasLtMatrixLayoutCreate(&p.c, kind == Kind::bf16_to_f32 ? CUDA_R_32F : CUDA_R_16BF, uint64_t(n),
                                       uint64_t(m), ldy));
-    if (kind == Kind::fp8_rows) {
-      // A is W (rows: the n output channels), B is X (rows: the m tokens):
-      // one f32 scale per row of each ("outer vector" scaling).
-      const cublasLtMatmulMatrixScale_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-      KVT_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)));
-      KVT_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)));
-    }
     cublasLtMatmulPreference_t pref = nullptr;
     KVT_LT(cublasLtMatmulPreferenceCreate(&pref));
     size_t ws = kWorkspace;
@@ -64,7 +57,7 @@ struct Gemm::Impl {
     KVT_LT(cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.c, p.c, pref, 1, &res, &n_res));
     cublasLtMatmulPreferenceDestroy(pref);
     KVT_CHECK(n_res > 0, "cuBLASLt: no algorithm for {} GEMM m={} n={} k={}",
-              kind == Kind::fp8_rows ? "FP8 (per-row scales)" : "bf16", m, n, k);
+              kind == Kind::fp8 ? "FP8" : "bf16", m, n, k);
     p.algo = res.algo;
     return plans.emplace(key, p).first->second;
   }
@@ -103,8 +96,8 @@ void Gemm::run_f32(int64_t m, int64_t n, int64_t k, const void* x, const void* w
                         impl_->workspace.data(), kWorkspace, s));
 }
 
-void Gemm::run_fp8(int64_t m, int64_t n, int64_t k, const uint8_t* x_q, const float* x_scale, const uint8_t* w_q,
-                   const float* w_scale, void* y, cudaStream_t s) {
+void Gemm::run_fp8_codes(int64_t m, int64_t n, int64_t k, const uint8_t* x_q, const uint8_t* w_q, void* y,
+                         cudaStream_t s) {
   KVT_CHECK(m > 0 && n > 0 && k > 0 && k % 16 == 0, "gemm (FP8): shape m={} n={} k={} (k a multiple of 16)", m, n,
             k);
   if (impl_->fp8_ok < 0) {
@@ -115,11 +108,7 @@ void Gemm::run_fp8(int64_t m, int64_t n, int64_t k, const uint8_t* x_q, const fl
     impl_->fp8_ok = major * 10 + minor >= 89 ? 1 : 0;
     KVT_CHECK(impl_->fp8_ok, "FP8 GEMMs need compute capability 8.9 or later (this GPU: {}.{})", major, minor);
   }
-  const Impl::Plan& p = impl_->plan(m, n, k, k, n, Impl::Kind::fp8_rows);
-  // The scales are per call: set on the plan's descriptor before each product
-  // (one stream at a time uses a Gemm).
-  KVT_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scale, sizeof(w_scale)));
-  KVT_LT(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scale, sizeof(x_scale)));
+  const Impl::Plan& p = impl_->plan(m, n, k, k, n, Impl::Kind::fp8);
   const float alpha = 1.f, beta = 0.f;
   KVT_LT(cublasLtMatmul(impl_->handle, p.op, &alpha, w_q, p.a, x_q, p.b, &beta, y, p.c, y, p.c, &p.algo,
                         impl_->workspace.data(), kWorkspace, s));

@@ -1,7 +1,8 @@
 // bf16 GEMM through cuBLASLt: y = x · Wᵀ (the Linear layers), f32
-// accumulation, bf16 out; and its FP8 form with one scale per row of x and of
-// W (ops/gemm/gemm_fp8.h). The algorithm for each shape is chosen once by
-// cuBLASLt's heuristic and cached (plan once, run many).
+// accumulation, bf16 out; and the E4M3 product of FP8 codes that the
+// per-row-scaled FP8 GEMM builds on (ops/gemm/gemm_fp8_cuda.h). The algorithm
+// for each shape is chosen once by cuBLASLt's heuristic and cached (plan
+// once, run many).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -26,12 +27,15 @@ class Gemm {
   // The same product with f32 output (logits, where bf16 rounding of the
   // output would cost 3 significant digits): y: [m, n] f32, dense rows.
   void run_f32(int64_t m, int64_t n, int64_t k, const void* x, const void* w, float* y, cudaStream_t s);
-  // y[m, n] bf16 = (x_q · x_scale)(w_q · w_scale)ᵀ: x_q [m, k] and w_q [n, k]
-  // E4M3 codes (k a multiple of 16), x_scale [m] and w_scale [n] f32 on the
-  // device (gemm_fp8_ref is the definition). Needs FP8 tensor cores
-  // (compute capability 8.9 or later); else a kvtier::Error.
-  void run_fp8(int64_t m, int64_t n, int64_t k, const uint8_t* x_q, const float* x_scale, const uint8_t* w_q,
-               const float* w_scale, void* y, cudaStream_t s);
+  // y[m, n] bf16 = x_q · w_qᵀ over the E4M3 codes' values, unscaled: x_q
+  // [m, k] and w_q [n, k] (k a multiple of 16). Sums of up to k products of
+  // ±448 stay far inside bf16's range, and scaling after the product keeps
+  // bf16's relative precision, so the per-row scales can be applied by the
+  // op that reads y (gemm_fp8_cuda.h). Needs FP8 tensor cores (compute
+  // capability 8.9 or later); else a kvtier::Error. (cuBLASLt's own per-row
+  // "outer vector" scaling is refused on Hopper.)
+  void run_fp8_codes(int64_t m, int64_t n, int64_t k, const uint8_t* x_q, const uint8_t* w_q, void* y,
+                     cudaStream_t s);
 
  private:
   struct Impl;

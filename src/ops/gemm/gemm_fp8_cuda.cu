@@ -1,6 +1,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
+
 #include "backend/cuda_backend.h"
 #include "ops/gemm/gemm_fp8_cuda.h"
 
@@ -53,7 +55,41 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// 8 elements (16 bytes) per thread, grid-stride.
+__global__ void scale_rows_cols_kernel(uint4* y, int64_t n_chunks, int64_t chunks_per_row, const float* row_scale,
+                                       const float* col_scale) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_chunks; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / chunks_per_row, col0 = (i - row * chunks_per_row) * 8;
+    const float rs = row_scale[row];
+    uint4 raw = y[i];
+    __nv_bfloat162* b = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 v = __bfloat1622float2(b[j]);
+      b[j] = __float22bfloat162_rn(
+          make_float2(v.x * (rs * col_scale[col0 + 2 * j]), v.y * (rs * col_scale[col0 + 2 * j + 1])));
+    }
+    y[i] = raw;
+  }
+}
+
 }  // namespace
+
+void scale_rows_cols(void* y, int64_t m, int64_t n, const float* row_scale, const float* col_scale, cudaStream_t s) {
+  KVT_CHECK(m >= 0 && n > 0 && n % 8 == 0, "scale_rows_cols: shape {} x {} (columns a positive multiple of 8)", m, n);
+  const int64_t n_chunks = m * (n / 8);
+  if (n_chunks == 0) return;
+  const int64_t blocks = std::min<int64_t>((n_chunks + 255) / 256, 16384);
+  scale_rows_cols_kernel<<<unsigned(blocks), 256, 0, s>>>(static_cast<uint4*>(y), n_chunks, n / 8, row_scale,
+                                                          col_scale);
+  KVT_CUDA_LAUNCH_CHECK("scale_rows_cols_kernel");
+}
+
+void gemm_fp8(Gemm& gemm, int64_t m, int64_t n, int64_t k, const uint8_t* x_q, const float* x_scale, const uint8_t* w_q,
+              const float* w_scale, void* y, cudaStream_t s) {
+  gemm.run_fp8_codes(m, n, k, x_q, w_q, y, s);
+  scale_rows_cols(y, m, n, x_scale, w_scale, s);
+}
 
 void quantize_rows_fp8(const void* x, int64_t rows, int64_t cols, int64_t ld, uint8_t* q, float* scale,
                        cudaStream_t s) {

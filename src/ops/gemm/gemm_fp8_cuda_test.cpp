@@ -38,9 +38,10 @@ TEST(GemmFp8Cuda, QuantizeRowsMatchesReferenceExactly) {
   EXPECT_THROW(quantize_rows_fp8(d.data(), 1, 12, 0, d.data<uint8_t>(), d.data<float>(), nullptr), Error);
 }
 
-// cuBLASLt's FP8 product with per-row scales against the reference over the
-// same codes (only f32 accumulation order and the bf16 output differ), and
-// against the exact bf16 product (FP8 rounding).
+// The FP8 product with per-row scales (cuBLASLt's product of the codes, then
+// the scales) against the reference over the same codes (only f32
+// accumulation order and two bf16 roundings differ), and against the exact
+// bf16 product (FP8 rounding).
 TEST(GemmFp8Cuda, ProductMatchesReference) {
   KVT_REQUIRE_GPU();
   std::mt19937 rng(22);
@@ -64,8 +65,8 @@ TEST(GemmFp8Cuda, ProductMatchesReference) {
     auto dxq = to_device(xq), dwq = to_device(wq), dxs = to_device(xs), dws = to_device(ws);
     DeviceBuffer dy(size_t(m * n) * 2);
     poison(dy);
-    gemm.run_fp8(m, n, k, dxq.data<uint8_t>(), dxs.data<float>(), dwq.data<uint8_t>(), dws.data<float>(), dy.data(),
-                 nullptr);
+    gemm_fp8(gemm, m, n, k, dxq.data<uint8_t>(), dxs.data<float>(), dwq.data<uint8_t>(), dws.data<float>(), dy.data(),
+             nullptr);
     auto y = bf16_to_f32_vec(to_host<uint16_t>(dy, size_t(m * n)));
     EXPECT_LT(rel_l2(y.data(), ref.data(), y.size()), 5e-3) << m << "x" << n << "x" << k;
     const double err = rel_l2(y.data(), exact.data(), y.size());

@@ -31,5 +31,34 @@ TEST(SwigluCuda, MatchesReference) {
   EXPECT_LT(rel_l2(h.data(), ref.data(), h.size()), 5e-3);
 }
 
+// With the scales of an FP8 product: element (r, c) of gate|up times
+// row_scale[r] · col_scale[c] before the gate, against the reference over
+// the scaled values.
+TEST(SwigluCuda, ScaledInputMatchesReference) {
+  KVT_REQUIRE_GPU();
+  std::mt19937 rng(6);
+  const int64_t n = 5;
+  const int ff = 1024;
+  auto gu = random_bf16(size_t(n * 2 * ff), rng, -300.f, 300.f);
+  std::uniform_real_distribution<float> u01(0.001f, 0.03f);
+  std::vector<float> rs(static_cast<size_t>(n)), cs(size_t(2 * ff));
+  for (auto& v : rs) v = u01(rng);
+  for (auto& v : cs) v = u01(rng);
+  std::vector<float> g(size_t(n * ff)), u(size_t(n * ff)), ref(size_t(n * ff));
+  for (int64_t r = 0; r < n; ++r)
+    for (int c = 0; c < ff; ++c) {
+      g[size_t(r * ff + c)] = bf16_to_f32(gu[size_t(r * 2 * ff + c)]) * rs[size_t(r)] * cs[size_t(c)];
+      u[size_t(r * ff + c)] = bf16_to_f32(gu[size_t(r * 2 * ff + ff + c)]) * rs[size_t(r)] * cs[size_t(ff + c)];
+    }
+  swiglu_ref(g.data(), u.data(), n * ff, ref.data());
+  auto dgu = to_device(gu), drs = to_device(rs), dcs = to_device(cs);
+  DeviceBuffer dh(size_t(n * ff * 2));
+  poison(dh);
+  swiglu(dgu.data(), n, ff, dh.data(), nullptr, drs.data<float>(), dcs.data<float>());
+  auto h = bf16_to_f32_vec(to_host<uint16_t>(dh, size_t(n * ff)));
+  EXPECT_LT(rel_l2(h.data(), ref.data(), h.size()), 5e-3);
+  EXPECT_THROW(swiglu(dgu.data(), n, ff, dh.data(), nullptr, drs.data<float>(), nullptr), Error);
+}
+
 }  // namespace
 }  // namespace kvtier::cuda
