@@ -312,6 +312,23 @@ TEST(GpuModel, Fp8PrefillStaysNearBf16AndIgnoresChunking) {
   }
 }
 
+// FP8 products need k (the product's depth) a multiple of 16: a model whose
+// n_embd is not is refused at load with --prefill-gemm fp8, and runs in bf16.
+TEST(GpuModel, Fp8PrefillRefusesShapesItCannotRun) {
+  KVT_REQUIRE_GPU();
+  ModelConfig c = tiny("llama", 264, 4, 2, 64);  // n_embd 264 = 8 · 33
+  const std::string p = (temp_dir("fp8shape") / "m").string();
+  write_tiny_hf_dir(p, c, GgmlType::F32, 15);
+  Model model(open_model_source(p));
+  EXPECT_NO_THROW(make_gpu_model(model));
+  try {
+    make_gpu_model(model, true, PrefillGemm::fp8);
+    FAIL() << "--prefill-gemm fp8 accepted n_embd 264";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("multiples of 16"), std::string::npos) << e.what();
+  }
+}
+
 TEST(GpuModel, EngineRunsOnCudaAndMatchesCpuLogits) {
   KVT_REQUIRE_GPU();
   const std::string path = model_cases()[2].write();  // qwen2 HF dir (no tokenizer needed)

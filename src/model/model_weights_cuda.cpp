@@ -116,7 +116,9 @@ CudaModel::CudaModel(const Model& model, bool graphs, PrefillGemm prefill_gemm)
     KVT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
     KVT_CHECK(major * 10 + minor >= 89, "--prefill-gemm fp8 needs FP8 tensor cores (compute capability 8.9 or later; "
               "this GPU: {}.{})", major, minor);
-    KVT_CHECK(E % 16 == 0 && q_dim % 16 == 0 && (c.is_moe() || c.n_ff % 16 == 0),
+    bool any_dense = false;  // a layer with the SwiGLU block (MoE models may have some)
+    for (int l = 0; l < c.n_layer; ++l) any_dense = any_dense || !c.is_moe_layer(l);
+    KVT_CHECK(E % 16 == 0 && q_dim % 16 == 0 && (!any_dense || c.n_ff % 16 == 0),
               "{}: --prefill-gemm fp8 needs n_embd {}, n_head * head_dim {} and n_ff {} to be multiples of 16",
               src.path, E, q_dim, c.n_ff);
   }
