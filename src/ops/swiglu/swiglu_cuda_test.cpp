@@ -10,19 +10,29 @@ namespace kvtier::cuda {
 namespace {
 using namespace testing;
 
+// The reference over gate|up rows [n, 2 ff] (bf16), element (r, c) times
+// rs[r] · cs[c] when scales are given.
+std::vector<float> reference(const std::vector<uint16_t>& gu, int64_t n, int ff, const std::vector<float>& rs = {},
+                             const std::vector<float>& cs = {}) {
+  std::vector<float> g(size_t(n * ff)), u(size_t(n * ff)), ref(size_t(n * ff));
+  for (int64_t r = 0; r < n; ++r)
+    for (int c = 0; c < ff; ++c) {
+      const float sg = rs.empty() ? 1.f : rs[size_t(r)] * cs[size_t(c)];
+      const float su = rs.empty() ? 1.f : rs[size_t(r)] * cs[size_t(ff + c)];
+      g[size_t(r * ff + c)] = bf16_to_f32(gu[size_t(r * 2 * ff + c)]) * sg;
+      u[size_t(r * ff + c)] = bf16_to_f32(gu[size_t(r * 2 * ff + ff + c)]) * su;
+    }
+  swiglu_ref(g.data(), u.data(), n * ff, ref.data());
+  return ref;
+}
+
 TEST(SwigluCuda, MatchesReference) {
   KVT_REQUIRE_GPU();
   std::mt19937 rng(5);
   const int64_t n = 3;
   const int ff = 1536;
   auto gu = random_bf16(size_t(n * 2 * ff), rng, -4.f, 4.f);
-  std::vector<float> g(size_t(n * ff)), u(size_t(n * ff)), ref(size_t(n * ff));
-  for (int64_t r = 0; r < n; ++r)
-    for (int c = 0; c < ff; ++c) {
-      g[size_t(r * ff + c)] = bf16_to_f32(gu[size_t(r * 2 * ff + c)]);
-      u[size_t(r * ff + c)] = bf16_to_f32(gu[size_t(r * 2 * ff + ff + c)]);
-    }
-  swiglu_ref(g.data(), u.data(), n * ff, ref.data());
+  const std::vector<float> ref = reference(gu, n, ff);
   auto dgu = to_device(gu);
   DeviceBuffer dh(size_t(n * ff * 2));
   poison(dh);
@@ -44,13 +54,7 @@ TEST(SwigluCuda, ScaledInputMatchesReference) {
   std::vector<float> rs(static_cast<size_t>(n)), cs(size_t(2 * ff));
   for (auto& v : rs) v = u01(rng);
   for (auto& v : cs) v = u01(rng);
-  std::vector<float> g(size_t(n * ff)), u(size_t(n * ff)), ref(size_t(n * ff));
-  for (int64_t r = 0; r < n; ++r)
-    for (int c = 0; c < ff; ++c) {
-      g[size_t(r * ff + c)] = bf16_to_f32(gu[size_t(r * 2 * ff + c)]) * rs[size_t(r)] * cs[size_t(c)];
-      u[size_t(r * ff + c)] = bf16_to_f32(gu[size_t(r * 2 * ff + ff + c)]) * rs[size_t(r)] * cs[size_t(ff + c)];
-    }
-  swiglu_ref(g.data(), u.data(), n * ff, ref.data());
+  const std::vector<float> ref = reference(gu, n, ff, rs, cs);
   auto dgu = to_device(gu), drs = to_device(rs), dcs = to_device(cs);
   DeviceBuffer dh(size_t(n * ff * 2));
   poison(dh);
