@@ -143,14 +143,17 @@ def test_long_prompt_load_streams_every_request(tmp_path):
     for extra, budget in (("", 256), (" --prefill-budget 0", 0)):  # default: one --prefill-chunk
         out = tmp_path / "load.json"
         r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "long_prompt_load.py"), "--start",
-                            "--kvtier", KVTIER, "-n", "3", "-l", "600", "-m", "5", "--vocab", "2900",
+                            "--kvtier", KVTIER, "-n", "3", "-l", "600", "-m", "12", "--vocab", "2900",
                             f"--server-args=-m {model} -t 1 --kv yakv --max-active 3 --prefill-chunk 256{extra}",
                             "--out", str(out), "--timeout", "120"], capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stdout + r.stderr
         d = json.loads(out.read_text())
-        assert d["ok"] == 3 and d["failed"] == 0 and d["generated_tokens"] == 15
+        assert d["ok"] == 3 and d["failed"] == 0 and d["generated_tokens"] == 36
         assert d["health_last"]["limits"]["prefill_tokens_per_round"] == budget
         assert d["health_last"]["limits"]["pin_host_bytes"] == 0  # the CPU's host tier is not pinned
         assert d["health_last"]["host_pinned_bytes"] == 0
         assert d["health_last"]["worker_seconds"]["step"] > 0
-        assert d["ttft_s"]["n"] == 3 and d["itl_s"]["n"] >= 3 and d["ttft_s"]["p99"] >= d["ttft_s"]["p50"] > 0
+        # A chunk carries every token decoded since the last one was written (and none while the byte-level
+        # detokenizer holds a partial UTF-8 character), so on a loaded machine a stream's 12 tokens may come
+        # in a few chunks: the gaps between chunks are counted, at least one over the three streams.
+        assert d["ttft_s"]["n"] == 3 and d["itl_s"]["n"] >= 1 and d["ttft_s"]["p99"] >= d["ttft_s"]["p50"] > 0
