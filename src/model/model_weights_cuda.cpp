@@ -110,12 +110,7 @@ CudaModel::CudaModel(const Model& model, bool graphs, PrefillGemm prefill_gemm)
   const int64_t E = c.n_embd, q_dim = int64_t(c.n_head) * c.head_dim, kv_dim = int64_t(c.n_kv_head) * c.head_dim;
   size_t* total = &weight_bytes_;
   if (prefill_fp8_) {
-    int dev = 0, major = 0, minor = 0;
-    KVT_CUDA_CHECK(cudaGetDevice(&dev));
-    KVT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    KVT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    KVT_CHECK(major * 10 + minor >= 89, "--prefill-gemm fp8 needs FP8 tensor cores (compute capability 8.9 or later; "
-              "this GPU: {}.{})", major, minor);
+    cuda::require_fp8_tensor_cores("--prefill-gemm fp8 products");
     bool any_dense = false;  // a layer with the SwiGLU block (MoE models may have some)
     for (int l = 0; l < c.n_layer; ++l) any_dense = any_dense || !c.is_moe_layer(l);
     KVT_CHECK(E % 16 == 0 && q_dim % 16 == 0 && (!any_dense || c.n_ff % 16 == 0),

@@ -19,10 +19,19 @@ constexpr size_t kWorkspace = 64 << 20;
 
 }  // namespace
 
+void require_fp8_tensor_cores(const char* who) {
+  int dev = 0, major = 0, minor = 0;
+  KVT_CUDA_CHECK(cudaGetDevice(&dev));
+  KVT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  KVT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  KVT_CHECK(major * 10 + minor >= 89, "{} need FP8 tensor cores (compute capability 8.9 or later; this GPU: {}.{})",
+            who, major, minor);
+}
+
 struct Gemm::Impl {
   cublasLtHandle_t handle = nullptr;
   DeviceBuffer workspace{kWorkspace};
-  int fp8_ok = -1;  // the device has FP8 tensor cores: -1 not asked yet
+  bool fp8_checked = false;  // require_fp8_tensor_cores passed for this Gemm
   struct Plan {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
@@ -100,13 +109,9 @@ void Gemm::run_fp8_codes(int64_t m, int64_t n, int64_t k, const uint8_t* x_q, co
                          cudaStream_t s) {
   KVT_CHECK(m > 0 && n > 0 && k > 0 && k % 16 == 0, "gemm (FP8): shape m={} n={} k={} (k a multiple of 16)", m, n,
             k);
-  if (impl_->fp8_ok < 0) {
-    int dev = 0, major = 0, minor = 0;
-    KVT_CUDA_CHECK(cudaGetDevice(&dev));
-    KVT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    KVT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    impl_->fp8_ok = major * 10 + minor >= 89 ? 1 : 0;
-    KVT_CHECK(impl_->fp8_ok, "FP8 GEMMs need compute capability 8.9 or later (this GPU: {}.{})", major, minor);
+  if (!impl_->fp8_checked) {
+    require_fp8_tensor_cores("FP8 GEMMs");
+    impl_->fp8_checked = true;
   }
   const Impl::Plan& p = impl_->plan(m, n, k, k, n, Impl::Kind::fp8);
   const float alpha = 1.f, beta = 0.f;

@@ -13,6 +13,10 @@
 
 namespace kvtier::cuda {
 
+// Throws a kvtier::Error naming `who` unless the current device has FP8
+// tensor cores (compute capability 8.9 or later).
+void require_fp8_tensor_cores(const char* who);
+
 class Gemm {
  public:
   Gemm();
