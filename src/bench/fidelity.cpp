@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/status.h"
+#include "ops/argmax/argmax.h"
 
 namespace kvtier::bench {
 
@@ -14,13 +15,6 @@ void log_softmax(const float* logits, int n, float* out) {
   const double lz = std::log(z) + mx;
   for (int i = 0; i < n; ++i) out[i] = float(double(logits[i]) - lz);
 }
-
-namespace {
-
-// First index of the largest value (ties go to the lower token id).
-int32_t argmax_of(const float* x, int n) { return int32_t(std::max_element(x, x + n) - x); }
-
-}  // namespace
 
 FidelityReference::FidelityReference(std::vector<int32_t> answer, int n_vocab)
     : answer_(std::move(answer)), n_vocab_(n_vocab) {
@@ -36,7 +30,7 @@ void FidelityReference::add(const float* logits) {
   const size_t at = log_probs_.size();
   log_probs_.resize(at + size_t(n_vocab_));
   log_softmax(logits, n_vocab_, &log_probs_[at]);
-  argmax_.push_back(argmax_of(logits, n_vocab_));
+  argmax_.push_back(argmax_ref(logits, n_vocab_));
 }
 
 FidelityStats FidelityReference::stats() const {
@@ -64,7 +58,7 @@ void FidelityAccumulator::add(int64_t i, const float* logits) {
   const int nv = full_.n_vocab();
   log_softmax(logits, nv, lp_.data());
   const int32_t target = full_.answer()[size_t(i)];
-  const int32_t top = argmax_of(logits, nv);
+  const int32_t top = argmax_ref(logits, nv);
   nll_ -= lp_[size_t(target)];
   acc_ += top == target;
   agree_ += top == full_.argmax(i);

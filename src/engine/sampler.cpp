@@ -3,25 +3,20 @@
 #include <algorithm>
 #include <cmath>
 
-namespace kvtier {
+#include "ops/argmax/argmax.h"
 
-int32_t argmax(const float* logits, int n) {
-  int32_t best = 0;
-  for (int i = 1; i < n; ++i)
-    if (logits[i] > logits[best]) best = i;
-  return best;
-}
+namespace kvtier {
 
 Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {}
 
 int32_t Sampler::sample(const float* logits, int n_vocab) {
-  if (p_.temperature <= 0.0f || p_.top_k == 1) return argmax(logits, n_vocab);
+  if (greedy()) return argmax_ref(logits, n_vocab);
   // Tokens at -inf (forbidden by a constraint) are never candidates, so that
   // rounding in the draw below cannot land on one.
   cand_.clear();
   for (int i = 0; i < n_vocab; ++i)
     if (logits[i] > -INFINITY) cand_.push_back({logits[i], i});
-  if (cand_.empty()) return argmax(logits, n_vocab);
+  if (cand_.empty()) return argmax_ref(logits, n_vocab);
   size_t n = cand_.size();
   auto by_logit = [](const auto& a, const auto& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);

@@ -14,14 +14,14 @@ class Sampler {
   explicit Sampler(const SamplingParams& p);
   // logits: [n_vocab] f32 (left unchanged)
   int32_t sample(const float* logits, int n_vocab);
+  // Whether sample() is the logits' argmax (ops/argmax/argmax.h), which a
+  // GPU decode step can compute where the logits are.
+  bool greedy() const { return p_.temperature <= 0.0f || p_.top_k == 1; }
 
  private:
   SamplingParams p_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> cand_;
 };
-
-// Index of the largest logit (the lowest index among ties).
-int32_t argmax(const float* logits, int n);
 
 }  // namespace kvtier

@@ -227,7 +227,8 @@ bool take_token(Sequence::State& s, std::string* piece, Clock::time_point t0) {
   // Log-probabilities are the raw logits' (as vLLM reports), not the masked ones.
   if (s.constraint && s.sampling.n_logprobs >= 0) s.raw_logits = s.logits;
   const bool allowed = !s.constraint || mask_logits(s, n_vocab);
-  const int32_t tok = s.sampler->sample(s.logits.data(), n_vocab);
+  const int32_t tok = s.greedy_token >= 0 ? s.greedy_token : s.sampler->sample(s.logits.data(), n_vocab);
+  s.greedy_token = -1;
   s.last_token = tok;
   // A constrained value ends at an end token even with ignore_eos: nothing else may follow it.
   if (!allowed || (is_end_of_generation(*s.engine, tok) && (!s.sampling.ignore_eos || s.constraint))) {
@@ -284,7 +285,9 @@ bool take_token(Sequence::State& s, std::string* piece, Clock::time_point t0) {
 
 // One decode step of sequences past their prompt, in one forward pass
 // (Model::forward_decode, or GpuModel::forward_decode on CUDA); each one's
-// logits land in its s.logits.
+// logits land in its s.logits. On CUDA a sequence whose next token is the
+// argmax of the raw logits (greedy, no constraint, no log-probabilities)
+// gets the GPU's argmax in s.greedy_token instead, and no logits copied.
 void decode_together(Engine::Impl& e, const std::vector<Sequence::State*>& seqs) {
   const int n = int(seqs.size());
   const size_t n_vocab = size_t(e.model->config().n_vocab);
@@ -296,18 +299,30 @@ void decode_together(Engine::Impl& e, const std::vector<Sequence::State*>& seqs)
     pos[size_t(i)] = seqs[size_t(i)]->n_past;
     kvs[size_t(i)] = seqs[size_t(i)]->kv.get();
   }
+  std::vector<uint8_t> want(size_t(n), 1);
+  std::vector<int32_t> greedy(size_t(n), -1);
+  for (int i = 0; i < n && e.gpu; ++i) {
+    const Sequence::State& s = *seqs[size_t(i)];
+    want[size_t(i)] = !s.sampler->greedy() || s.constraint || s.sampling.n_logprobs >= 0;
+  }
   std::lock_guard lk(e.batch_mu);
   if (!e.gpu && e.batch_scratch.capacity < n) e.batch_scratch = e.model->make_scratch(int(matmul_decode_max_tokens()));
   e.batch_logits.resize(size_t(n) * n_vocab);
   const Exec& x = e.device().exec();
   stage(x, "model");
-  if (e.gpu) e.gpu->forward_decode(tokens.data(), pos.data(), kvs.data(), n, e.batch_logits.data());
+  if (e.gpu)
+    e.gpu->forward_decode(tokens.data(), pos.data(), kvs.data(), n, e.batch_logits.data(), greedy.data(), want.data());
   else e.model->forward_decode(tokens.data(), pos.data(), kvs.data(), n, e.batch_scratch, e.batch_logits.data());
   stage_stop(x);
   for (int i = 0; i < n; ++i) {
-    const float* row = e.batch_logits.data() + size_t(i) * n_vocab;
-    std::copy(row, row + n_vocab, seqs[size_t(i)]->logits.begin());
-    seqs[size_t(i)]->n_past += 1;
+    Sequence::State& s = *seqs[size_t(i)];
+    if (want[size_t(i)]) {
+      const float* row = e.batch_logits.data() + size_t(i) * n_vocab;
+      std::copy(row, row + n_vocab, s.logits.begin());
+    } else {
+      s.greedy_token = greedy[size_t(i)];
+    }
+    s.n_past += 1;
   }
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "model/model_cuda_detail.h"
+#include "ops/argmax/argmax_cuda.h"
 #include "ops/embed/embed_cuda.h"
 #include "ops/gemm/gemm_fp8_cuda.h"
 #include "ops/rmsnorm/rmsnorm_cuda.h"
@@ -91,6 +92,8 @@ Activations& CudaModel::activations(int rows, int logit_rows) {
     a.logit_rows = 0;
     a.logits = DeviceBuffer(size_t(logit_rows) * size_t(c_.n_vocab) * 4);
     a.h_logits = PinnedBuffer(size_t(logit_rows) * size_t(c_.n_vocab) * 4);
+    a.argmax = DeviceBuffer(size_t(logit_rows) * 4);
+    a.h_argmax = PinnedBuffer(size_t(logit_rows) * 4);
     a.logit_rows = logit_rows;
   }
   return a;
@@ -141,12 +144,15 @@ void CudaSequence::forward(const int32_t* tokens, int n_tok, int64_t pos0, KvCac
   } else {
     run(a, n_tok, &kvp, 1, n_logits);
   }
+  const size_t bytes = size_t(n_logits) * size_t(c.n_vocab) * 4;
+  if (n_logits > 0)
+    KVT_CUDA_CHECK(cudaMemcpyAsync(a.h_logits.host(), a.logits.data(), bytes, cudaMemcpyDeviceToHost, s_));
   KVT_CUDA_CHECK(cudaStreamSynchronize(s_));
-  if (n_logits > 0) std::memcpy(logits, a.h_logits.host(), size_t(n_logits) * size_t(c.n_vocab) * 4);
+  if (n_logits > 0) std::memcpy(logits, a.h_logits.host(), bytes);
 }
 
 void CudaSequence::forward_decode(const int32_t* tokens, const int64_t* pos, KvCache* const* kvs, int n_seq,
-                                  float* logits) {
+                                  float* logits, int32_t* greedy, const uint8_t* want_logits) {
   const ModelConfig& c = c_;
   KVT_CHECK(n_seq > 0 && n_seq <= cap_, "GPU batch: {} sequences, the batch holds {}", n_seq, cap_);
   std::vector<const KvCache*> seen(kvs, kvs + n_seq);
@@ -191,11 +197,21 @@ void CudaSequence::forward_decode(const int32_t* tokens, const int64_t* pos, KvC
     run(a, n_seq, rows.data(), n_seq, n_seq);
     warm_key_ = graph ? key : 0;
   }
-  KVT_CUDA_CHECK(cudaStreamSynchronize(s_));
+  // Only the rows that are wanted cross to the host (a greedy sequence's
+  // token is its row's argmax, already on its way in h_argmax).
   const size_t row_bytes = size_t(c.n_vocab) * 4;
   for (int j = 0; j < n_seq; ++j)
-    std::memcpy(logits + size_t(order[size_t(j)]) * c.n_vocab, a.h_logits.host<uint8_t>() + size_t(j) * row_bytes,
-                row_bytes);
+    if (!want_logits || want_logits[order[size_t(j)]])
+      KVT_CUDA_CHECK(cudaMemcpyAsync(a.h_logits.host<uint8_t>() + size_t(j) * row_bytes,
+                                     a.logits.data<uint8_t>() + size_t(j) * row_bytes, row_bytes,
+                                     cudaMemcpyDeviceToHost, s_));
+  KVT_CUDA_CHECK(cudaStreamSynchronize(s_));
+  for (int j = 0; j < n_seq; ++j) {
+    const int i = order[size_t(j)];
+    if (greedy) greedy[i] = a.h_argmax.host<int32_t>()[j];
+    if (!want_logits || want_logits[i])
+      std::memcpy(logits + size_t(i) * c.n_vocab, a.h_logits.host<uint8_t>() + size_t(j) * row_bytes, row_bytes);
+  }
 }
 
 void CudaSequence::check_cache(const KvCache& kv, int64_t pos) const {
@@ -328,8 +344,10 @@ void CudaSequence::run(Activations& a, int n_tok, KvCache* const* kvs, int n_kv,
     const uint16_t* last = a.xb.data<uint16_t>() + size_t(n_tok - n_logits) * size_t(E);  // [n_logits, n_embd]
     const void* head = m_.output_.bytes() ? m_.output_.data() : m_.tok_embd_.data();
     gemm.run_f32(n_logits, c.n_vocab, E, last, head, a.logits.data<float>(), s_);  // [n_logits, n_vocab]
-    KVT_CUDA_CHECK(cudaMemcpyAsync(a.h_logits.host(), a.logits.data(), size_t(n_logits) * size_t(c.n_vocab) * 4,
-                                   cudaMemcpyDeviceToHost, s_));
+    // The rows' greedy tokens; the logits are copied by the caller, the rows it needs.
+    cuda::argmax_rows(a.logits.data<float>(), n_logits, c.n_vocab, a.argmax.data<int32_t>(), s_);
+    KVT_CUDA_CHECK(
+        cudaMemcpyAsync(a.h_argmax.host(), a.argmax.data(), size_t(n_logits) * 4, cudaMemcpyDeviceToHost, s_));
   }
 }
 
@@ -338,7 +356,7 @@ CudaModel::~CudaModel() = default;
 std::unique_ptr<GpuSequence> CudaModel::start(int capacity) { return std::make_unique<CudaSequence>(*this, capacity); }
 
 void CudaModel::forward_decode(const int32_t* tokens, const int64_t* pos, KvCache* const* kvs, int n_seq,
-                               float* logits) {
+                               float* logits, int32_t* greedy, const uint8_t* want_logits) {
   KVT_CHECK(n_seq > 0, "GPU batch: {} sequences", n_seq);
   if (n_seq > batch_cap_) {
     const int cap = std::max({n_seq, 8, 2 * batch_cap_});
@@ -346,7 +364,7 @@ void CudaModel::forward_decode(const int32_t* tokens, const int64_t* pos, KvCach
     batch_ = std::make_unique<CudaSequence>(*this, cap);
     batch_cap_ = cap;
   }
-  batch_->forward_decode(tokens, pos, kvs, n_seq, logits);
+  batch_->forward_decode(tokens, pos, kvs, n_seq, logits, greedy, want_logits);
 }
 
 }  // namespace model_cuda_detail

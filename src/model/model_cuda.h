@@ -41,9 +41,12 @@ class GpuModel {
   // contract on CUDA caches: tokens[i] at position pos[i], appended to and
   // attending through kvs[i] (policies may differ). The weight products run
   // once over the batch; attention runs per sequence. logits: [n_seq,
-  // n_vocab] f32 on the host. Not thread-safe (one batch at a time).
+  // n_vocab] f32 on the host, row i copied there when want_logits is null
+  // or want_logits[i] != 0. greedy, unless null: [n_seq], each row's argmax
+  // (ops/argmax/argmax.h) computed on the GPU, so that a greedy sequence
+  // needs no logits copied. Not thread-safe (one batch at a time).
   virtual void forward_decode(const int32_t* tokens, const int64_t* pos, KvCache* const* kvs, int n_seq,
-                              float* logits) = 0;
+                              float* logits, int32_t* greedy, const uint8_t* want_logits) = 0;
   virtual const Device& device() const = 0;
   virtual Device& device() = 0;
   virtual size_t weight_bytes() const = 0;

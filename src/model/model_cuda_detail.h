@@ -73,12 +73,14 @@ struct Activations {
   DeviceBuffer gu;     // [cap, 2 * n_ff] bf16 (empty when every layer is MoE)
   DeviceBuffer h;      // [cap, n_ff] bf16 (empty when every layer is MoE)
   DeviceBuffer logits; // [logit_rows, n_vocab] f32
+  DeviceBuffer argmax; // [logit_rows] int32: each row's greedy token
   // PrefillGemm::fp8: a product's input rows as E4M3 and their scales.
   DeviceBuffer x8;        // [cap, max(n_embd, q_dim, n_ff)] E4M3
   DeviceBuffer x8_scale;  // [cap] f32
   std::unique_ptr<cuda::MoeRunner> moe;  // MoE models: the expert block's working memory
   PinnedBuffer h_ids, h_pos;  // staging of the step's inputs
-  PinnedBuffer h_logits;      // [logit_rows, n_vocab] f32: the logits' host copy (a graph's copy target)
+  PinnedBuffer h_logits;      // [logit_rows, n_vocab] f32: the logits' host copy (rows copied after the forward)
+  PinnedBuffer h_argmax;      // [logit_rows] int32: argmax's host copy (a graph's copy target)
 };
 
 class CudaModel final : public GpuModel {
@@ -87,7 +89,7 @@ class CudaModel final : public GpuModel {
   ~CudaModel() override;
   std::unique_ptr<GpuSequence> start(int capacity) override;
   void forward_decode(const int32_t* tokens, const int64_t* pos, KvCache* const* kvs, int n_seq,
-                      float* logits) override;
+                      float* logits, int32_t* greedy, const uint8_t* want_logits) override;
   const Device& device() const override { return dev_; }
   Device& device() override { return dev_; }
   size_t weight_bytes() const override { return weight_bytes_; }
@@ -130,7 +132,8 @@ class CudaSequence final : public GpuSequence {
   ~CudaSequence() override;
   void forward(const int32_t* tokens, int n_tok, int64_t pos0, KvCache& kv, int n_logits, float* logits) override;
   // CudaModel::forward_decode: token i of the forward is sequence i's step.
-  void forward_decode(const int32_t* tokens, const int64_t* pos, KvCache* const* kvs, int n_seq, float* logits);
+  void forward_decode(const int32_t* tokens, const int64_t* pos, KvCache* const* kvs, int n_seq, float* logits,
+                      int32_t* greedy, const uint8_t* want_logits);
 
  private:
   // What the forward pass needs of a cache whose next token sits at `pos`.

@@ -18,6 +18,7 @@
 #include "kv/policy.h"
 #include "kvtier/engine.h"
 #include "model/model_cuda.h"
+#include "ops/argmax/argmax.h"
 #include "ops/embed/embed_cuda.h"
 #include "ops/index_score/index_rows.h"
 #include "loader/test_model_writer.h"
@@ -580,16 +581,30 @@ TEST(GpuModel, BatchedDecodeStepsMatchEachSequenceAlone) {
         tokens[size_t(i)] = solo[size_t(i)].tokens[size_t(step - 1)];
         pos[size_t(i)] = int64_t(prompts[size_t(i)].size()) + step - 1;
       }
+      // Every fourth step wants the logits of even rows only: the others
+      // must stay as they were, with their argmax computed on the GPU.
+      std::vector<uint8_t> want(size_t(n), 1);
+      if (step % 4 == 2)
+        for (int i = 1; i < n; i += 2) want[size_t(i)] = 0;
+      std::vector<int32_t> greedy(size_t(n), -7);
+      std::fill(logits.begin(), logits.end(), -123.f);
       if (step % 3 == 0) {  // two batches: groups lose members, and regain them next step
         const int half = n / 2 + 1;
-        gpu->forward_decode(tokens.data(), pos.data(), kvs.data(), half, logits.data());
+        gpu->forward_decode(tokens.data(), pos.data(), kvs.data(), half, logits.data(), greedy.data(), want.data());
         gpu->forward_decode(tokens.data() + half, pos.data() + half, kvs.data() + half, n - half,
-                            logits.data() + size_t(half) * n_vocab);
+                            logits.data() + size_t(half) * n_vocab, greedy.data() + half, want.data() + half);
       } else {
-        gpu->forward_decode(tokens.data(), pos.data(), kvs.data(), n, logits.data());
+        gpu->forward_decode(tokens.data(), pos.data(), kvs.data(), n, logits.data(), greedy.data(), want.data());
       }
       for (int i = 0; i < n; ++i) {
         const std::vector<float> row(logits.begin() + int64_t(i) * n_vocab, logits.begin() + int64_t(i + 1) * n_vocab);
+        if (!want[size_t(i)]) {
+          EXPECT_TRUE(std::all_of(row.begin(), row.end(), [](float v) { return v == -123.f; })) << i;
+          EXPECT_GE(greedy[size_t(i)], 0) << i;
+          EXPECT_LT(greedy[size_t(i)], n_vocab) << i;
+          continue;
+        }
+        EXPECT_EQ(greedy[size_t(i)], argmax_ref(row.data(), n_vocab)) << "row " << i << " step " << step;
         const std::vector<float>& want = solo[size_t(i)].logits[size_t(step)];
         double num = 0, den = 0;
         for (int j = 0; j < n_vocab; ++j) {
@@ -612,9 +627,9 @@ TEST(GpuModel, BatchedDecodeStepsMatchEachSequenceAlone) {
     std::vector<KvCache*> twice{kvs[0], kvs[0]};
     const int32_t tok2[2] = {1, 2};
     const int64_t pos2[2] = {kvs[0]->n_tokens(0), kvs[0]->n_tokens(0)};
-    EXPECT_THROW(gpu->forward_decode(tok2, pos2, twice.data(), 2, logits.data()), Error);
+    EXPECT_THROW(gpu->forward_decode(tok2, pos2, twice.data(), 2, logits.data(), nullptr, nullptr), Error);
     const int64_t bad_pos = kvs[1]->n_tokens(0) + 5;
-    EXPECT_THROW(gpu->forward_decode(tok2, &bad_pos, &kvs[1], 1, logits.data()), Error);
+    EXPECT_THROW(gpu->forward_decode(tok2, &bad_pos, &kvs[1], 1, logits.data(), nullptr, nullptr), Error);
   }
 }
 

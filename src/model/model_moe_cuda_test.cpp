@@ -241,7 +241,7 @@ TEST(GpuModelMoe, BatchedDecodeMatchesEachSequenceAlone) {
         tok[size_t(i)] = tokens[size_t(i)][size_t(step - 1)];
         pos[size_t(i)] = int64_t(prompts[size_t(i)].size()) + step - 1;
       }
-      gpu->forward_decode(tok.data(), pos.data(), kvs.data(), n, logits.data());
+      gpu->forward_decode(tok.data(), pos.data(), kvs.data(), n, logits.data(), nullptr, nullptr);
       for (int i = 0; i < n; ++i) {
         const double e = rel_l2(&logits[size_t(i) * V], &solo[size_t(i)][size_t(step) * V], V);
         worst[size_t(i)] = std::max(worst[size_t(i)], e);
