@@ -124,7 +124,9 @@ void DecodeBatch::build_tables() {
   };
   ensure(qidx_, size_t(R) * n_q * g.head_dim * 4);
   ensure(scores_, size_t(R) * n_q * score_stride_ * 4);
-  if (n_q > 1) ensure(agg_, size_t(R) * score_stride_ * 4);
+  // The GQA aggregate as a row of its own: on the CPU, or to mask outliers in
+  // (on CUDA without outliers the top-k aggregates as it reads: gqa_topk_rows).
+  if (n_q > 1 && (!x_.cuda() || n_out_ > 0)) ensure(agg_, size_t(R) * score_stride_ * 4);
   if (plan_.index == IndexLayout::residual)
     ensure(meta_scores_, size_t(R) * n_q * size_t(residual_meta_stride(score_stride_, plan_.unit / plan_.chunk)) * 4);
   ensure(chunks_, size_t(R) * kmax_chunk_ * 4);

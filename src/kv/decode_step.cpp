@@ -56,14 +56,18 @@ void decode_step(DecodeBatch& b, int layer, const void* q, float scale, void* ou
   const bool fused = per_query && x.cuda() && score_rows_leaves_partials(sp);
   if (fused) sp.gqa_scratch = b.gqa_scratch_.data();
   score_rows(x, sp, b.qidx_.data<float>(), t.plane0, t.plane1, ranges, b.scores_.data<float>());
-  if (per_query)
-    gqa_rows(x, {n_seq, H, group, b.score_stride_, b.score_stride_, b.gqa_scratch_.data(), fused},
-             b.scores_.data<float>(), ranges, cand);
+  const GqaRowsParams gp{n_seq, H, group, b.score_stride_, b.score_stride_, b.gqa_scratch_.data(), fused};
+  // Without outliers to mask, the aggregation happens inside the top-k (select).
+  if (per_query && forced) gqa_rows(x, gp, b.scores_.data<float>(), ranges, cand);
 
   // 2. Select: outlier chunks out of the race, the top-k chunks, their tokens.
   stage(x, "select");
-  if (forced) mask_rows(x, n_rows, H, b.score_stride_, b.n_out_, forced, ranges, cand);
-  topk_rows(x, n_rows, H, b.score_stride_, b.kmax_chunk_, cand, ranges, b.chunks_.data<int32_t>());
+  if (per_query && !forced) {
+    gqa_topk_rows(x, gp, b.scores_.data<float>(), ranges, b.kmax_chunk_, cand, b.chunks_.data<int32_t>());
+  } else {
+    if (forced) mask_rows(x, n_rows, H, b.score_stride_, b.n_out_, forced, ranges, cand);
+    topk_rows(x, n_rows, H, b.score_stride_, b.kmax_chunk_, cand, ranges, b.chunks_.data<int32_t>());
+  }
   const int32_t* sel = b.chunks_.data<int32_t>();
   if (k.chunk > 1 || forced) {
     ExpandRowsParams ep{n_rows, H, b.kmax_chunk_, k.chunk, k.sink, b.n_out_};

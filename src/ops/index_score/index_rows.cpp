@@ -153,6 +153,17 @@ void topk_rows(const Exec& x, int64_t n_rows, int n_kv_head, int64_t stride, int
   topk_rows_cpu(n_rows, n_kv_head, stride, kmax, scores, ranges, out);
 }
 
+void gqa_topk_rows(const Exec& x, const GqaRowsParams& p, const float* raw, const StepRanges* ranges, int kmax,
+                   float* agg, int32_t* out) {
+#ifdef KVT_CUDA
+  if (x.cuda()) return cuda::gqa_topk_rows(x, p, raw, ranges, kmax, out);
+#endif
+  KVT_CHECK(!x.cuda(), "gqa_topk_rows: built without CUDA");
+  note_cpu_decode_op();
+  gqa_rows_cpu(p, raw, ranges, agg);
+  topk_rows_cpu(int64_t(p.n_seq) * p.n_kv_head, p.n_kv_head, p.out_stride, kmax, agg, ranges, out);
+}
+
 void expand_rows(const Exec& x, const ExpandRowsParams& p, const int32_t* chunks, const int32_t* forced, const StepRanges* ranges, int32_t* tokens) {
 #ifdef KVT_CUDA
   if (x.cuda()) return cuda::expand_rows(x, p, chunks, forced, ranges, tokens);

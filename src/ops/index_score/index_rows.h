@@ -188,6 +188,13 @@ void topk_rows(const Exec& x, int64_t n_rows, int n_kv_head, int64_t stride, int
 void topk_rows_cpu(int64_t n_rows, int n_kv_head, int64_t stride, int kmax, const float* scores,
                    const StepRanges* ranges, int32_t* out);
 
+// gqa_rows, then topk_rows over its output (rows without forced chunks). On
+// CUDA in one pass that never writes the aggregate: the top-k reads each
+// candidate's queries and subtracts their log-sum-exps as it loads them
+// (agg unused); on the CPU through agg ([rows, p.out_stride] f32).
+void gqa_topk_rows(const Exec& x, const GqaRowsParams& p, const float* raw, const StepRanges* ranges, int kmax,
+                   float* agg, int32_t* out);
+
 // chunks [rows, kmax] (topk_rows) → tokens [rows, kmax·chunk], ascending, −1
 // first; a token is dropped when t < sink, t ≥ win_lo, or its chunk is forced.
 struct ExpandRowsParams {

@@ -14,6 +14,8 @@ void mask_rows(const Exec& x, int64_t n_rows, int n_kv_head, int64_t stride, int
                const StepRanges* ranges, float* scores);
 void topk_rows(const Exec& x, int64_t n_rows, int n_kv_head, int64_t stride, int kmax, const float* scores,
                const StepRanges* ranges, int32_t* out);
+void gqa_topk_rows(const Exec& x, const GqaRowsParams& p, const float* raw, const StepRanges* ranges, int kmax,
+                   int32_t* out);
 void expand_rows(const Exec& x, const ExpandRowsParams& p, const int32_t* chunks, const int32_t* forced,
                  const StepRanges* ranges, int32_t* tokens);
 void resident_list(const Exec& x, const ResidentListParams& p, const int32_t* forced, const StepRanges* ranges,

@@ -405,6 +405,71 @@ TEST(IndexRowsCuda, TopkOnEdgeDistributionsMatchesCpu) {
         << "distribution " << s;
 }
 
+// gqa_topk_rows (the aggregate read inside the top-k, never written) picks
+// exactly what gqa_rows then topk_rows pick on the GPU: ragged rows, rows
+// that select everything, ties on a coarse grid, −inf, rows of two tiles per
+// block, a group of 8 queries; its CPU path is gqa_rows_cpu then
+// topk_rows_cpu.
+TEST(IndexRowsCuda, GqaTopkMatchesGqaThenTopk) {
+  KVT_REQUIRE_GPU();
+  Device dev(DeviceKind::cuda);
+  Device cpu(DeviceKind::cpu);
+  const Exec& x = dev.exec();
+  std::mt19937 rng(13);
+  std::normal_distribution<float> nd;
+  for (const int n_q : {4, 8}) {
+    const int H = 2, kmax = 4096;
+    const std::vector<int64_t> n{3000, 140000, 70000, 9000};
+    const std::vector<int32_t> budget{4096, 4096, 1500, 4096};
+    const int n_seq = int(n.size());
+    const int64_t rows = int64_t(n_seq) * H, stride = 140000;
+    StepPlanParams sp{n_seq, 1, 1, 4, 64, 64, kmax};
+    cuda::DeviceBuffer d_ranges;
+    const auto ranges = ranges_for(sp, n, budget, x, &d_ranges);
+    std::vector<float> raw(size_t(rows) * n_q * stride);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int j = 0; j < n_q; ++j) {
+        float* v = raw.data() + (r * n_q + j) * stride;
+        for (int64_t i = 0; i < stride; ++i) {
+          if (r % 3 == 0) v[i] = float(int(rng() % 16)) * 0.5f;                   // ties
+          else if (r % 3 == 1) v[i] = rng() % 40 == 0 ? -INFINITY : 4.f * nd(rng);  // −inf among them
+          else v[i] = 2.f * nd(rng) + float(j);                                      // a query ahead of the rest
+        }
+      }
+    GqaRowsParams gp{n_seq, H, n_q, stride, stride};
+    cuda::DeviceBuffer d_gs(size_t(gqa_rows_scratch_bytes(rows, n_q)));
+    gp.scratch = d_gs.data();
+    auto d_raw = to_device(raw);
+    // Unfused on the GPU: the aggregate row, then its top-k.
+    cuda::DeviceBuffer d_agg(size_t(rows) * stride * 4), d_top(size_t(rows) * kmax * 4);
+    poison(d_agg);
+    gqa_rows(x, gp, d_raw.data<float>(), d_ranges.data<StepRanges>(), d_agg.data<float>());
+    topk_rows(x, rows, H, stride, kmax, d_agg.data<float>(), d_ranges.data<StepRanges>(), d_top.data<int32_t>());
+    const auto want = to_host<int32_t>(d_top, size_t(rows) * kmax);
+    // Fused, with the partials left by gqa_rows (as a scorer leaves them) and computed anew.
+    for (const bool ready : {true, false}) {
+      gp.partials_ready = ready;
+      cuda::DeviceBuffer d_fused(size_t(rows) * kmax * 4);
+      poison(d_fused);
+      gqa_topk_rows(x, gp, d_raw.data<float>(), d_ranges.data<StepRanges>(), kmax, nullptr, d_fused.data<int32_t>());
+      sync(x);
+      const auto got = to_host<int32_t>(d_fused, want.size());
+      for (int64_t r = 0; r < rows; ++r)
+        ASSERT_TRUE(std::equal(got.begin() + r * kmax, got.begin() + (r + 1) * kmax, want.begin() + r * kmax))
+            << "n_q " << n_q << " row " << r << " partials ready " << ready;
+    }
+    // The CPU path: the specification's two steps.
+    gp.scratch = nullptr;
+    gp.partials_ready = false;
+    std::vector<float> agg(size_t(rows) * stride), agg_c(size_t(rows) * stride);
+    std::vector<int32_t> top(size_t(rows) * kmax), top_c(size_t(rows) * kmax);
+    gqa_topk_rows(cpu.exec(), gp, raw.data(), ranges.data(), kmax, agg.data(), top.data());
+    gqa_rows_cpu(gp, raw.data(), ranges.data(), agg_c.data());
+    topk_rows_cpu(rows, H, stride, kmax, agg_c.data(), ranges.data(), top_c.data());
+    EXPECT_EQ(top, top_c) << "n_q " << n_q;
+  }
+}
+
 TEST(IndexRowsCuda, IndexQueryMatchesCpu) {
   KVT_REQUIRE_GPU();
   Device dev(DeviceKind::cuda);

@@ -534,15 +534,8 @@ __global__ void gqa_max_kernel(GqaRowsParams p, const float* __restrict__ raw, c
   // Each query's log-sum-exp from its partials, a warp per query.
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   for (int j = warp; j < p.n_q; j += kGqaThreads / 32) {
-    const int64_t rq = row * p.n_q + j;
-    const int n = gp.count[rq];
-    float m = -INFINITY, sum = 0.f;
-    for (int i = lane; i < n; i += 32) {
-      const float2 v = gp.part[rq * kMaxSlices + i];
-      lse_combine(m, sum, v.x, v.y);
-    }
-    warp_lse(m, sum);
-    if (lane == 0) lse[j] = m + __logf(sum);
+    const float v = query_lse(gp, row * p.n_q + j, lane);
+    if (lane == 0) lse[j] = v;
   }
   __syncthreads();
   // kGqaPer candidates per thread, a block's stretch coalesced per load; the
@@ -710,16 +703,24 @@ void score_rows(const Exec& x, const ScoreRowsParams& p, const float* q, const u
   KVT_CUDA_LAUNCH_CHECK("records_rows_kernel");
 }
 
+namespace score_detail {
+
+void gqa_partials_rows(const Exec& x, const GqaRowsParams& p, const float* raw, const StepRanges* ranges) {
+  const int64_t n_rq = int64_t(p.n_seq) * p.n_kv_head * p.n_q;
+  gqa_partial_kernel<<<dim3(kGqaSlices, unsigned(n_rq)), kGqaThreads, 0, st(x)>>>(p, raw, ranges,
+                                                                                gqa_partials(p.scratch, n_rq));
+  KVT_CUDA_LAUNCH_CHECK("gqa_partial_kernel");
+}
+
+}  // namespace score_detail
+
 void gqa_rows(const Exec& x, const GqaRowsParams& p, const float* raw, const StepRanges* ranges, float* out) {
   const int64_t n_rows = int64_t(p.n_seq) * p.n_kv_head;
   KVT_CHECK(p.n_q >= 1 && p.n_q <= 64 && n_rows * p.n_q < 65536, "gqa_rows: {} rows of {} queries", n_rows, p.n_q);
   if (n_rows == 0) return;
   KVT_CHECK(p.scratch && reinterpret_cast<uintptr_t>(p.scratch) % 8 == 0, "gqa_rows: needs 8-byte aligned scratch");
   const GqaPartials gp = gqa_partials(p.scratch, n_rows * p.n_q);
-  if (!p.partials_ready) {
-    gqa_partial_kernel<<<dim3(kGqaSlices, unsigned(n_rows * p.n_q)), kGqaThreads, 0, st(x)>>>(p, raw, ranges, gp);
-    KVT_CUDA_LAUNCH_CHECK("gqa_partial_kernel");
-  }
+  if (!p.partials_ready) score_detail::gqa_partials_rows(x, p, raw, ranges);
   // About one candidate group per thread at 128K and 8 rows (131,072 = 128 blocks · 256 threads · 4).
   const int64_t bx = std::max<int64_t>(1, 1024 / n_rows);
   gqa_max_kernel<<<dim3(unsigned(bx), unsigned(n_rows)), kGqaThreads, 0, st(x)>>>(p, raw, ranges, gp, out);

@@ -35,6 +35,20 @@ __device__ __forceinline__ void warp_lse(float& m, float& s) {
   }
 }
 
+// The log-sum-exp of (row, query) rq from its partials, on every lane of
+// the calling warp (gqa_rows and the fused top-k compute it alike, so their
+// aggregates are the same floats).
+__device__ __forceinline__ float query_lse(const GqaPartials& gp, int64_t rq, int lane) {
+  const int n = gp.count[rq];
+  float m = -INFINITY, sum = 0.f;
+  for (int i = lane; i < n; i += 32) {
+    const float2 v = gp.part[rq * kMaxSlices + i];
+    lse_combine(m, sum, v.x, v.y);
+  }
+  warp_lse(m, sum);
+  return m + __logf(sum);
+}
+
 // This block's pair for (row, query) rq (slot blockIdx.x of gridDim.x).
 __device__ __forceinline__ void put_partial(const GqaPartials& gp, int64_t rq, float m, float s) {
   gp.part[rq * kMaxSlices + blockIdx.x] = make_float2(m, s);
@@ -59,6 +73,10 @@ __device__ void block_partials(const GqaPartials& gp, int64_t rq0, float (&lm)[N
     put_partial(gp, rq0 + threadIdx.x, m, sum);
   }
 }
+
+// gqa_rows' first pass: every (row, query)'s softmax partials over its
+// candidates, into p.scratch (for a scorer that did not leave them).
+void gqa_partials_rows(const Exec& x, const GqaRowsParams& p, const float* raw, const StepRanges* ranges);
 
 struct Range {
   int64_t c0, n;  // first chunk scored, chunks scored

@@ -5,6 +5,7 @@
 
 #include "backend/cuda_backend.h"
 #include "ops/index_score/index_rows_cuda.h"
+#include "ops/index_score/score_rows_cuda.cuh"
 
 namespace kvtier::cuda {
 namespace {
@@ -19,6 +20,10 @@ namespace cg = cooperative_groups;
 // memory and picks, identically, the bin that holds the k-th largest. The
 // compaction walks the chunk in index order: key > T is taken, key == T for
 // the first (k − count(> T)) occurrences of the row.
+//
+// gqa_topk_rows reads gqa_rows' aggregate where it would read a score:
+// max_j (raw_j[i] − lse_j), the same floats gqa_max_kernel writes, so the
+// aggregate row is never written and read back.
 
 constexpr int kCluster = 8;
 constexpr int kTopThreads = 1024;
@@ -42,12 +47,44 @@ __device__ __forceinline__ uint32_t warp_inclusive_sum(uint32_t v, int lane) {
   return v;
 }
 
+constexpr int kMaxGqaQueries = 64;
+
+// Where a row's candidates' scores come from: scores[row · stride + i], or
+// (GQA) the aggregate of raw[(row · n_q + j) · stride + c_lo + i] over the
+// row's n_q queries, whose log-sum-exps the kernel gets from gp.
+struct TopkSource {
+  const float* scores = nullptr;
+  int64_t stride = 0;
+  int n_q = 0;
+  score_detail::GqaPartials gp{};
+};
+
+// A tile's keys from src (the block's first candidate; queries q_stride
+// apart for GQA, with their log-sum-exps in lse).
+template <bool GQA>
 __device__ __forceinline__ void load_tile(const float* __restrict__ src, int len, int warp, int lane,
-                                          uint32_t (&keys)[kPerLane]) {
+                                          uint32_t (&keys)[kPerLane], int n_q, int64_t q_stride, const float* lse) {
+  if constexpr (GQA) {
+    float best[kPerLane];
 #pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    const int off = warp * kWarpSpan + i * 32 + lane;
-    keys[i] = off < len ? order_key(src[off]) : 0u;
+    for (int i = 0; i < kPerLane; ++i) best[i] = -INFINITY;
+    for (int j = 0; j < n_q; ++j) {
+      const float* xj = src + j * q_stride;
+      const float l = lse[j];
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        const int off = warp * kWarpSpan + i * 32 + lane;
+        if (off < len) best[i] = fmaxf(best[i], xj[off] - l);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) keys[i] = warp * kWarpSpan + i * 32 + lane < len ? order_key(best[i]) : 0u;
+  } else {
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int off = warp * kWarpSpan + i * 32 + lane;
+      keys[i] = off < len ? order_key(src[off]) : 0u;
+    }
   }
 }
 
@@ -80,9 +117,10 @@ __device__ void select_bin(const cg::cluster_group& cluster, uint32_t* hist, uin
   }
 }
 
-__global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kTopThreads)
-    topk_rows_kernel(int n_kv_head, int64_t stride, int kmax, const float* __restrict__ scores,
-                     const StepRanges* __restrict__ ranges, int32_t* __restrict__ out) {
+template <bool GQA>
+__global__ void __launch_bounds__(kTopThreads)
+    topk_rows_kernel(int n_kv_head, int kmax, TopkSource source, const StepRanges* __restrict__ ranges,
+                     int32_t* __restrict__ out) {
   const cg::cluster_group cluster = cg::this_cluster();
   __shared__ uint32_t hist[kHistWords];
   __shared__ uint32_t group[3][32];
@@ -90,6 +128,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kTopThreads)
   __shared__ uint32_t s_counts[2];
   __shared__ uint32_t s_base[2];
   __shared__ uint32_t s_prefix, s_remaining;
+  __shared__ float s_lse[GQA ? kMaxGqaQueries : 1];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int rank = int(cluster.block_rank());
   const int64_t row = blockIdx.x / kCluster;
@@ -108,12 +147,24 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kTopThreads)
   int32_t* osel = orow + (kmax - k);
   const int64_t chunk = ((n + kCluster - 1) / kCluster + 31) & ~int64_t(31);
   const int64_t begin = min(n, rank * chunk), len = min(n, begin + chunk) - begin;
-  const float* src = scores + row * stride + begin;
+  const float* src = source.scores + begin;
+  if constexpr (GQA) {
+    src += row * source.n_q * source.stride + sr.c_lo;
+    for (int j = warp; j < source.n_q; j += kWarps) {
+      const float v = score_detail::query_lse(source.gp, row * source.n_q + j, lane);
+      if (lane == 0) s_lse[j] = v;
+    }
+    __syncthreads();
+  } else {
+    src += row * source.stride;
+  }
+  const int n_q = GQA ? source.n_q : 0;
+  const int64_t q_stride = source.stride;
   const int n_tiles = int((len + kTile - 1) / kTile);
   auto tile_len = [&](int t) { return int(min(int64_t(kTile), len - int64_t(t) * kTile)); };
   for (int b = tid; b < kHistWords; b += kTopThreads) hist[b] = 0;
   uint32_t keys[kPerLane];
-  if (n_tiles <= 1) load_tile(src, int(len), warp, lane, keys);
+  if (n_tiles <= 1) load_tile<GQA>(src, int(len), warp, lane, keys, n_q, q_stride, s_lse);
   __syncthreads();
   uint32_t prefix = 0, prefix_mask = 0, remaining = uint32_t(k);
   constexpr int kShift[3] = {21, 10, 0}, kBits[3] = {11, 11, 10}, kHistAt[3] = {0, 2048, 4096};
@@ -122,7 +173,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kTopThreads)
     const int shift = kShift[pass], n_bins = 1 << kBits[pass];
     uint32_t* h = hist + kHistAt[pass];
     for (int t = 0; t < n_tiles; ++t) {
-      if (n_tiles > 1) load_tile(src + int64_t(t) * kTile, tile_len(t), warp, lane, keys);
+      if (n_tiles > 1) load_tile<GQA>(src + int64_t(t) * kTile, tile_len(t), warp, lane, keys, n_q, q_stride, s_lse);
       const int tl = tile_len(t);
 #pragma unroll
       for (int i = 0; i < kPerLane; ++i) {
@@ -131,12 +182,12 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kTopThreads)
       }
     }
     __syncthreads();
-    {
+    for (int gi = warp; gi < 32; gi += kWarps) {  // 32 groups of bins
       const int per_group = n_bins / 32;
       uint32_t v = 0;
-      for (int b = lane; b < per_group; b += 32) v += h[warp * per_group + b];
+      for (int b = lane; b < per_group; b += 32) v += h[gi * per_group + b];
       v = __reduce_add_sync(0xffffffffu, v);
-      if (lane == 0) group[pass][warp] = v;
+      if (lane == 0) group[pass][gi] = v;
     }
     cluster.sync();
     if (warp == 0)
@@ -156,7 +207,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kTopThreads)
     if (lane == 0) s_warp[warp] = g;
     __syncthreads();
     if (warp == 0) {
-      g = __reduce_add_sync(0xffffffffu, s_warp[lane]);
+      g = __reduce_add_sync(0xffffffffu, lane < kWarps ? s_warp[lane] : 0u);
       if (lane == 0) {
         s_counts[0] = g;
         s_counts[1] = hist[4096 + sel2];
@@ -183,7 +234,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kTopThreads)
   if (s_counts[0] == 0 && (s_counts[1] == 0 || run_eq >= need_eq)) return;
   const uint32_t lt = (1u << lane) - 1u;
   for (int t = 0; t < n_tiles; ++t) {
-    if (n_tiles > 1) load_tile(src + int64_t(t) * kTile, tile_len(t), warp, lane, keys);
+    if (n_tiles > 1) load_tile<GQA>(src + int64_t(t) * kTile, tile_len(t), warp, lane, keys, n_q, q_stride, s_lse);
     const int tl = tile_len(t);
     uint32_t w_gt = 0, w_eq = 0;
 #pragma unroll
@@ -194,7 +245,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kTopThreads)
     }
     if (lane == 0) s_warp[warp] = (w_gt << 16) | w_eq;
     __syncthreads();
-    const uint32_t v = s_warp[lane];
+    const uint32_t v = lane < kWarps ? s_warp[lane] : 0u;
     const uint32_t incl = warp_inclusive_sum(v, lane);
     const uint32_t before = __shfl_sync(0xffffffffu, incl - v, warp), total = __shfl_sync(0xffffffffu, incl, 31);
     uint32_t my_gt = run_gt + (before >> 16), my_eq = run_eq + (before & 0xffffu);
@@ -216,6 +267,24 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kTopThreads)
 
 cudaStream_t st(const Exec& x) { return static_cast<cudaStream_t>(x.stream); }
 
+// One cluster of kCluster blocks per row.
+template <bool GQA>
+void launch_topk(const Exec& x, int64_t n_rows, int n_kv_head, int kmax, const TopkSource& src,
+                 const StepRanges* ranges, int32_t* out) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(n_rows * kCluster));
+  cfg.blockDim = dim3(kTopThreads);
+  cfg.stream = st(x);
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = kCluster;
+  attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  KVT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, topk_rows_kernel<GQA>, n_kv_head, kmax, src, ranges, out));
+  KVT_CUDA_LAUNCH_CHECK("topk_rows_kernel");
+}
+
 }  // namespace
 
 void topk_rows(const Exec& x, int64_t n_rows, int n_kv_head, int64_t stride, int kmax, const float* scores,
@@ -223,8 +292,29 @@ void topk_rows(const Exec& x, int64_t n_rows, int n_kv_head, int64_t stride, int
   KVT_CHECK(kmax > 0 && stride > 0 && stride < (int64_t(1) << 31), "topk_rows: kmax {} stride {}", kmax, stride);
   if (n_rows == 0) return;
   KVT_CHECK(n_rows < (int64_t(1) << 31) / kCluster, "topk_rows: {} rows exceed the grid", n_rows);
-  topk_rows_kernel<<<unsigned(n_rows * kCluster), kTopThreads, 0, st(x)>>>(n_kv_head, stride, kmax, scores, ranges, out);
-  KVT_CUDA_LAUNCH_CHECK("topk_rows_kernel");
+  TopkSource src;
+  src.scores = scores;
+  src.stride = stride;
+  launch_topk<false>(x, n_rows, n_kv_head, kmax, src, ranges, out);
+}
+
+void gqa_topk_rows(const Exec& x, const GqaRowsParams& p, const float* raw, const StepRanges* ranges, int kmax,
+                   int32_t* out) {
+  const int64_t n_rows = int64_t(p.n_seq) * p.n_kv_head;
+  KVT_CHECK(p.n_q >= 1 && p.n_q <= kMaxGqaQueries && n_rows * p.n_q < 65536, "gqa_topk_rows: {} rows of {} queries",
+            n_rows, p.n_q);
+  KVT_CHECK(kmax > 0 && p.in_stride > 0 && p.in_stride < (int64_t(1) << 31), "gqa_topk_rows: kmax {} stride {}",
+            kmax, p.in_stride);
+  if (n_rows == 0) return;
+  KVT_CHECK(p.scratch && reinterpret_cast<uintptr_t>(p.scratch) % 8 == 0,
+            "gqa_topk_rows: needs 8-byte aligned scratch");
+  if (!p.partials_ready) score_detail::gqa_partials_rows(x, p, raw, ranges);
+  TopkSource src;
+  src.scores = raw;
+  src.stride = p.in_stride;
+  src.n_q = p.n_q;
+  src.gp = score_detail::gqa_partials(p.scratch, n_rows * p.n_q);
+  launch_topk<true>(x, n_rows, p.n_kv_head, kmax, src, ranges, out);
 }
 
 }  // namespace kvtier::cuda
