@@ -21,6 +21,12 @@ namespace cg = cooperative_groups;
 // compaction walks the chunk in index order: key > T is taken, key == T for
 // the first (k − count(> T)) occurrences of the row.
 //
+// A row that fits one tile per block first shifts its keys left past the
+// bits they all share (a cluster-wide min and max): the same order and
+// ties, but pass 0's 11 bits are then the first that differ. Scores spread
+// over a few binary exponents would otherwise land in a dozen of pass 0's
+// 2,048 bins, and the shared atomics on them serialize.
+//
 // gqa_topk_rows reads gqa_rows' aggregate where it would read a score:
 // max_j (raw_j[i] − lse_j), the same floats gqa_max_kernel writes, so the
 // aggregate row is never written and read back.
@@ -128,6 +134,7 @@ __global__ void __launch_bounds__(kTopThreads)
   __shared__ uint32_t s_counts[2];
   __shared__ uint32_t s_base[2];
   __shared__ uint32_t s_prefix, s_remaining;
+  __shared__ uint32_t s_span[2];  // this block's smallest and largest key
   __shared__ float s_lse[GQA ? kMaxGqaQueries : 1];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int rank = int(cluster.block_rank());
@@ -164,7 +171,42 @@ __global__ void __launch_bounds__(kTopThreads)
   auto tile_len = [&](int t) { return int(min(int64_t(kTile), len - int64_t(t) * kTile)); };
   for (int b = tid; b < kHistWords; b += kTopThreads) hist[b] = 0;
   uint32_t keys[kPerLane];
-  if (n_tiles <= 1) load_tile<GQA>(src, int(len), warp, lane, keys, n_q, q_stride, s_lse);
+  if (n_tiles <= 1) {
+    load_tile<GQA>(src, int(len), warp, lane, keys, n_q, q_stride, s_lse);
+    uint32_t lo = 0xffffffffu, hi = 0u;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i)
+      if (warp * kWarpSpan + i * 32 + lane < len) {
+        lo = min(lo, keys[i]);
+        hi = max(hi, keys[i]);
+      }
+    lo = __reduce_min_sync(0xffffffffu, lo);
+    hi = __reduce_max_sync(0xffffffffu, hi);
+    if (lane == 0) s_warp[warp] = lo;
+    __syncthreads();
+    if (warp == 0) {
+      const uint32_t l = __reduce_min_sync(0xffffffffu, lane < kWarps ? s_warp[lane] : 0xffffffffu);
+      if (lane == 0) s_span[0] = l;
+    }
+    __syncthreads();
+    if (lane == 0) s_warp[warp] = hi;
+    __syncthreads();
+    if (warp == 0) {
+      const uint32_t h = __reduce_max_sync(0xffffffffu, lane < kWarps ? s_warp[lane] : 0u);
+      if (lane == 0) s_span[1] = h;
+    }
+    cluster.sync();
+    uint32_t c_lo = 0xffffffffu, c_hi = 0u;
+    for (int r = 0; r < kCluster; ++r) {
+      const uint32_t* sp = cluster.map_shared_rank(s_span, r);
+      c_lo = min(c_lo, sp[0]);
+      c_hi = max(c_hi, sp[1]);
+    }
+    const uint32_t diff = c_lo ^ c_hi;
+    const int up = diff ? __clz(diff) : 0;  // bits every key of the row shares, above the first that differs
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) keys[i] <<= up;
+  }
   __syncthreads();
   uint32_t prefix = 0, prefix_mask = 0, remaining = uint32_t(k);
   constexpr int kShift[3] = {21, 10, 0}, kBits[3] = {11, 11, 10}, kHistAt[3] = {0, 2048, 4096};
