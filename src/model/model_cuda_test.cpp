@@ -371,6 +371,78 @@ TEST(GpuModel, EngineRunsOnCudaAndMatchesCpuLogits) {
   }
 }
 
+// Engine::step_batch with sequences in pairs of twins (same prompt, same
+// policy): one of each pair needs its logits on the host (log-probabilities,
+// or sampling), the other is greedy and, on CUDA, takes its token from the
+// GPU's argmax with no logits copied. Twins compute the same logits, so they
+// must pick the same tokens; a greedy token taken from another row or from
+// stale logits would part them. The pairs use different prompts and
+// policies, so the batch's rows are rearranged by policy group. The
+// sequences with log-probabilities must report their own token as top-1.
+// Runs on the CPU (one batched forward, every row's logits copied) and on
+// CUDA.
+TEST(GpuModel, BatchedGreedyTokensMatchTwinsThatCopyTheirLogits) {
+  const std::string path = model_cases()[2].write();  // qwen2 HF dir (no tokenizer needed)
+  auto run = [&](const std::string& device) {
+    SCOPED_TRACE(device);
+    EngineOptions o;
+    o.model_path = path;
+    o.prefill_chunk = 64;
+    o.device = device;
+    auto e = Engine::load(o);
+    const int n_vocab = int(e->config().n_vocab);
+    struct Twin {
+      std::string policy;
+      int prompt_len;
+      bool sampled;
+    };
+    const std::vector<Twin> pairs{{"yakv", 150, false}, {"full", 90, false}, {"yakv,budget=48", 200, true}};
+    std::vector<std::unique_ptr<Sequence>> seqs;
+    for (size_t p = 0; p < pairs.size(); ++p) {
+      std::vector<int32_t> prompt = test_prompt(pairs[p].prompt_len, n_vocab);
+      for (auto& t : prompt) t = int32_t((t + 31 * int(p)) % n_vocab);
+      for (int twin = 0; twin < 2; ++twin) {
+        SamplingParams s;
+        s.max_new_tokens = 10;
+        s.ignore_eos = true;
+        if (pairs[p].sampled) {  // both sample with one seed; the logits cross to the host
+          s.temperature = 0.7f;
+          s.seed = 5;
+        } else if (twin == 1) {
+          s.n_logprobs = 2;  // the logits cross to the host
+        }
+        seqs.push_back(e->start(prompt, s, pairs[p].policy));
+      }
+    }
+    std::vector<Sequence*> batch;
+    for (auto& q : seqs) batch.push_back(q.get());
+    for (int round = 0; round < 100; ++round) {
+      bool pending = false;
+      for (auto* q : batch) pending = pending || !q->finished();
+      if (!pending) break;
+      for (const auto& r : e->step_batch(batch)) ASSERT_FALSE(r.error);
+    }
+    for (size_t p = 0; p < pairs.size(); ++p) {
+      const GenerationResult& a = seqs[2 * p]->result();
+      const GenerationResult& b = seqs[2 * p + 1]->result();
+      SCOPED_TRACE(pairs[p].policy);
+      ASSERT_EQ(a.tokens.size(), 10u);
+      EXPECT_EQ(a.tokens, b.tokens);
+      if (pairs[p].sampled) continue;
+      ASSERT_EQ(b.logprobs.size(), b.tokens.size());
+      for (size_t t = 0; t < b.tokens.size(); ++t) {
+        EXPECT_EQ(b.logprobs[t].token, b.tokens[t]) << t;
+        ASSERT_FALSE(b.logprobs[t].top.empty());
+        EXPECT_EQ(b.logprobs[t].top[0].first, b.tokens[t]) << t;
+      }
+    }
+    EXPECT_NE(seqs[0]->result().tokens, seqs[2]->result().tokens) << "the pairs' prompts should part their outputs";
+  };
+  run("cpu");
+  KVT_REQUIRE_GPU();
+  run("cuda");
+}
+
 // --gpu-kv-budget on CUDA: the charge (kv_gpu_charge) bounds what each
 // policy's sequence holds on the GPU, a budget one byte under a request's
 // charge refuses it and one at the charge runs it, and under a budget
