@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU session's measurements in one command (binaries built elsewhere):
-#   bench/gpu_run.sh [STEP ...]      steps: tests fa3 perf32k perf128k perf19m batch stages score maxbatch
+#   bench/gpu_run.sh [STEP ...]      steps: tests fa3 perf32k perf128k perf19m batch stages score gemm maxbatch
 #                                    maxbatch21 ncuscore
 #                                    (default: tests fa3 perf32k perf128k perf19m)
 # Binaries in $BIN (default .device/bin), shared libraries the GPU machine
@@ -75,6 +75,7 @@ for s in $STEPS; do
             done ;;
     score) step score 200 "$BIN/kvt_score_bench" --batch 1,6,12,21 --blocks auto --table xor,rotated,mma \
              --json "$OUT/score.json" ;;
+    gemm) step gemm 120 "$BIN/kvt_gemm_bench" --m 1,8,21,32 --json "$OUT/gemm.json" ;;
     maxbatch)  # 128K prompts whose first 126,976 tokens' K/V are random (bench/results/gpu/batch/README.md)
       M=(-m shape:llama3.1-8b -c 132000 --prefill-chunk 4096 -p 131072 --random-kv 126976 -g 16 -r 1 --json)
       step maxbatch_full 200 "$K" perf --device cuda "${M[@]}" --batch 6 --kv full

@@ -10,7 +10,7 @@ B=${1:-build-cuda}
 ST=.device/stage$$
 rm -rf "$ST" && mkdir -p "$ST/bin" "$ST/lib"
 cp "$B/kvt_cuda_tests" "$B/tools/kvtier" "$ST"/bin/
-for b in kvt_flash_prefill_bench kvt_moe_bench kvt_host_rows_bench kvt_score_bench; do [ -f "$B/src/ops/$b" ] && cp "$B/src/ops/$b" "$ST"/bin/; done
+for b in kvt_flash_prefill_bench kvt_moe_bench kvt_host_rows_bench kvt_score_bench kvt_gemm_bench; do [ -f "$B/src/ops/$b" ] && cp "$B/src/ops/$b" "$ST"/bin/; done
 strip "$ST"/bin/*
 for b in "$ST"/bin/*; do
   ldd "$b" | awk '/=> \// {print $3}' |

@@ -1,15 +1,17 @@
 // bf16 GEMM through cuBLASLt: y = x · Wᵀ (the Linear layers), f32
 // accumulation, bf16 out; and the E4M3 product of FP8 codes that the
 // per-row-scaled FP8 GEMM builds on (ops/gemm/gemm_fp8_cuda.h). The algorithm
-// for each shape is chosen once by cuBLASLt's heuristic and cached (plan
-// once, run many).
+// for each shape is cuBLASLt's heuristic's first, chosen once and cached
+// (plan once, run many). Timing its other candidates picks nothing better
+// at a decode step's shapes: on an H100, the fastest of 8 is within 1–3 %
+// of the first in isolation (kvt_gemm_bench), and choosing by such timings
+// inside the engine doubled the model stage (bench/results/gpu/batch, run9).
 #pragma once
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <map>
 #include <memory>
-#include <tuple>
+#include <vector>
 
 namespace kvtier::cuda {
 
@@ -19,6 +21,8 @@ void require_fp8_tensor_cores(const char* who);
 
 class Gemm {
  public:
+  enum class Kind { bf16, bf16_to_f32, fp8 };  // run, run_f32, run_fp8_codes
+
   Gemm();
   ~Gemm();
   Gemm(const Gemm&) = delete;
@@ -40,6 +44,15 @@ class Gemm {
   // "outer vector" scaling is refused on Hopper.)
   void run_fp8_codes(int64_t m, int64_t n, int64_t k, const uint8_t* x_q, const uint8_t* w_q, void* y,
                      cudaStream_t s);
+
+  // cuBLASLt's candidate algorithms for a product of `kind` with dense rows,
+  // in the heuristic's order (run() uses the first): how many there are, a
+  // product by candidate i (tests check each), and each one's milliseconds
+  // per product on scratch input with the weights w (kvt_gemm_bench).
+  int candidates(int64_t m, int64_t n, int64_t k, Kind kind);
+  void run_candidate(int i, int64_t m, int64_t n, int64_t k, Kind kind, const void* x, const void* w, void* y,
+                     cudaStream_t s);
+  std::vector<double> time_candidates(int64_t m, int64_t n, int64_t k, Kind kind, const void* w, int reps);
 
  private:
   struct Impl;
