@@ -17,6 +17,7 @@
 #include "ops/embed/embed_cuda.h"
 #include "ops/gemm/gemm_fp8_cuda.h"
 #include "ops/rmsnorm/rmsnorm_cuda.h"
+#include "ops/rope/qkv_split_cuda.h"
 #include "ops/rope/rope_cuda.h"
 #include "ops/swiglu/swiglu_cuda.h"
 
@@ -55,7 +56,8 @@ Activations& CudaModel::activations(int rows, int logit_rows) {
     const size_t q_dim = size_t(c_.n_head) * size_t(c_.head_dim), kv_dim = size_t(c_.n_kv_head) * size_t(c_.head_dim);
     // The old buffers go first, so that growing needs only the new size free.
     for (DeviceBuffer* b :
-         {&a.ids, &a.pos, &a.x, &a.xb, &a.delta, &a.q, &a.k_pre, &a.k, &a.v, &a.att, &a.gu, &a.h, &a.x8, &a.x8_scale})
+         {&a.ids, &a.pos, &a.x, &a.xb, &a.delta, &a.q, &a.k_pre, &a.k, &a.v, &a.qkv, &a.att, &a.gu, &a.h, &a.x8,
+          &a.x8_scale})
       *b = DeviceBuffer();
     a.moe.reset();
     a.cap = 0;
@@ -68,6 +70,7 @@ Activations& CudaModel::activations(int rows, int logit_rows) {
     a.k_pre = DeviceBuffer(n * kv_dim * bf);
     a.k = DeviceBuffer(n * kv_dim * bf);
     a.v = DeviceBuffer(n * kv_dim * bf);
+    a.qkv = DeviceBuffer(n * (q_dim + 2 * kv_dim) * bf);
     a.att = DeviceBuffer(n * q_dim * bf);
     bool any_dense = false;  // MoE models may have no SwiGLU layer at all
     for (int l = 0; l < c_.n_layer; ++l) any_dense = any_dense || !c_.is_moe_layer(l);
@@ -269,30 +272,37 @@ void CudaSequence::run(Activations& a, int n_tok, KvCache* const* kvs, int n_kv,
     const GpuLayer& L = m_.layers_[size_t(l)];
     // Attention block.
     cuda::add_rmsnorm(a.x.data(), delta, L.attn_norm.data(), n_tok, E, c.rms_eps, a.xb.data(), s_);
+    // RoPE right after the product, unless biases or q/k norms come between.
+    const bool rope_now =
+        !fp8 && !L.bq.bytes() && !L.bk.bytes() && !L.bv.bytes() && !L.q_norm.bytes() && !L.k_norm.bytes();
     if (fp8) {
       quantize(a.xb.data(), E);
       gemm8(q_dim_, E, L.wq8, a.q.data());
       gemm8(kv_dim_, E, L.wk8, a.k_pre.data());
       gemm8(kv_dim_, E, L.wv8, a.v.data());
-    } else {
-      gemm.run(n_tok, q_dim_, E, a.xb.data(), L.wq.data(), a.q.data(), s_);      // q: [n_tok, n_head, hd]
-      gemm.run(n_tok, kv_dim_, E, a.xb.data(), L.wk.data(), a.k_pre.data(), s_);  // k: [n_tok, n_kv_head, hd]
-      gemm.run(n_tok, kv_dim_, E, a.xb.data(), L.wv.data(), a.v.data(), s_);      // v: [n_tok, n_kv_head, hd]
+    } else {  // q|k|v in one product, then apart: q [n_tok, n_head, hd], k_pre and v [n_tok, n_kv_head, hd]
+      gemm.run(n_tok, q_dim_ + 2 * kv_dim_, E, a.xb.data(), L.wqkv.data(), a.qkv.data(), s_);
+      cuda::qkv_split(a.qkv.data(), n_tok, int(q_dim_), int(kv_dim_), hd, a.q.data(), a.k_pre.data(), a.v.data(),
+                      a.k.data(), rope_now ? a.pos.data<int64_t>() : nullptr, m_.inv_freq_.data<float>(),
+                      c.rope_interleaved, s_);
     }
-    if (L.bq.bytes()) cuda::add_bias(a.q.data(), L.bq.data<float>(), n_tok, int(q_dim_), s_);
-    if (L.bk.bytes()) cuda::add_bias(a.k_pre.data(), L.bk.data<float>(), n_tok, int(kv_dim_), s_);
-    if (L.bv.bytes()) cuda::add_bias(a.v.data(), L.bv.data<float>(), n_tok, int(kv_dim_), s_);
-    if (L.q_norm.bytes())
-      cuda::add_rmsnorm(a.q.data(), nullptr, L.q_norm.data(), int64_t(n_tok) * c.n_head, hd, c.rms_eps, a.q.data(), s_);
-    if (L.k_norm.bytes())
-      cuda::add_rmsnorm(a.k_pre.data(), nullptr, L.k_norm.data(), int64_t(n_tok) * c.n_kv_head, hd, c.rms_eps,
-                        a.k_pre.data(), s_);
-    KVT_CUDA_CHECK(cudaMemcpyAsync(a.k.data(), a.k_pre.data(), size_t(n_tok) * size_t(kv_dim_) * 2,
-                                   cudaMemcpyDeviceToDevice, s_));
-    cuda::rope(a.q.data(), n_tok, q_dim_, c.n_head, hd, a.pos.data<int64_t>(), m_.inv_freq_.data<float>(),
-               c.rope_interleaved, s_);
-    cuda::rope(a.k.data(), n_tok, kv_dim_, c.n_kv_head, hd, a.pos.data<int64_t>(), m_.inv_freq_.data<float>(),
-               c.rope_interleaved, s_);
+    if (!rope_now) {
+      if (L.bq.bytes()) cuda::add_bias(a.q.data(), L.bq.data<float>(), n_tok, int(q_dim_), s_);
+      if (L.bk.bytes()) cuda::add_bias(a.k_pre.data(), L.bk.data<float>(), n_tok, int(kv_dim_), s_);
+      if (L.bv.bytes()) cuda::add_bias(a.v.data(), L.bv.data<float>(), n_tok, int(kv_dim_), s_);
+      if (L.q_norm.bytes())
+        cuda::add_rmsnorm(a.q.data(), nullptr, L.q_norm.data(), int64_t(n_tok) * c.n_head, hd, c.rms_eps, a.q.data(),
+                          s_);
+      if (L.k_norm.bytes())
+        cuda::add_rmsnorm(a.k_pre.data(), nullptr, L.k_norm.data(), int64_t(n_tok) * c.n_kv_head, hd, c.rms_eps,
+                          a.k_pre.data(), s_);
+      KVT_CUDA_CHECK(cudaMemcpyAsync(a.k.data(), a.k_pre.data(), size_t(n_tok) * size_t(kv_dim_) * 2,
+                                     cudaMemcpyDeviceToDevice, s_));
+      cuda::rope(a.q.data(), n_tok, q_dim_, c.n_head, hd, a.pos.data<int64_t>(), m_.inv_freq_.data<float>(),
+                 c.rope_interleaved, s_);
+      cuda::rope(a.k.data(), n_tok, kv_dim_, c.n_kv_head, hd, a.pos.data<int64_t>(), m_.inv_freq_.data<float>(),
+                 c.rope_interleaved, s_);
+    }
     if (n_kv == 1) {
       kvs[0]->append(l, a.k_pre.data(), a.k.data(), a.v.data(), kv_dim_, n_tok);
       kvs[0]->attend(l, a.q.data(), q_dim_, n_tok, scale, a.att.data());  // att: [n_tok, n_head, hd]

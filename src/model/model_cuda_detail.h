@@ -33,7 +33,8 @@ struct Fp8Matrix {
 
 struct GpuLayer {
   DeviceBuffer attn_norm, ffn_norm;  // [n_embd] bf16
-  DeviceBuffer wq, wk, wv, wo;       // [q_dim, n_embd], [kv_dim, n_embd] x2, [n_embd, q_dim] bf16
+  DeviceBuffer wqkv;  // [q_dim + 2 kv_dim, n_embd] bf16: wq's rows, then wk's, then wv's (one product for all three)
+  DeviceBuffer wo;    // [n_embd, q_dim] bf16
   DeviceBuffer bq, bk, bv;           // [q_dim], [kv_dim], [kv_dim] f32 or empty (Qwen2)
   DeviceBuffer q_norm, k_norm;       // [head_dim] bf16 or empty (Qwen3)
   DeviceBuffer w_gate_up;            // [2 * n_ff, n_embd] bf16: gate rows, then up rows
@@ -69,6 +70,7 @@ struct Activations {
   DeviceBuffer k_pre;  // [cap, n_kv_head, head_dim] bf16, keys before RoPE
   DeviceBuffer k;      // [cap, n_kv_head, head_dim] bf16
   DeviceBuffer v;      // [cap, n_kv_head, head_dim] bf16
+  DeviceBuffer qkv;    // [cap, q_dim + 2 kv_dim] bf16: the product with wqkv, before qkv_split
   DeviceBuffer att;    // [cap, n_head, head_dim] bf16
   DeviceBuffer gu;     // [cap, 2 * n_ff] bf16 (empty when every layer is MoE)
   DeviceBuffer h;      // [cap, n_ff] bf16 (empty when every layer is MoE)

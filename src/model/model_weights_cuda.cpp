@@ -135,9 +135,12 @@ CudaModel::CudaModel(const Model& model, bool graphs, PrefillGemm prefill_gemm)
     GpuLayer& L = layers_[size_t(l)];
     L.attn_norm = vec_bf16(name("attn_norm.weight"), E);
     L.ffn_norm = vec_bf16(name("ffn_norm.weight"), E);
-    L.wq = mat(name("attn_q.weight"), q_dim, E);
-    L.wk = mat(name("attn_k.weight"), kv_dim, E);
-    L.wv = mat(name("attn_v.weight"), kv_dim, E);
+    std::vector<uint16_t> qkv = to_bf16(src.tensor(name("attn_q.weight")), q_dim, E);
+    for (const char* w : {"attn_k.weight", "attn_v.weight"}) {
+      const std::vector<uint16_t> part = to_bf16(src.tensor(name(w)), kv_dim, E);
+      qkv.insert(qkv.end(), part.begin(), part.end());
+    }
+    L.wqkv = upload(qkv, total);
     L.wo = mat(name("attn_output.weight"), E, q_dim);
     L.bq = maybe_bias(name("attn_q.bias"), q_dim);
     L.bk = maybe_bias(name("attn_k.bias"), kv_dim);
@@ -172,21 +175,22 @@ void CudaModel::make_fp8_copies() {
   const ModelConfig& c = c_;
   const int64_t E = c.n_embd, q_dim = int64_t(c.n_head) * c.head_dim, kv_dim = int64_t(c.n_kv_head) * c.head_dim;
   const cudaStream_t s = static_cast<cudaStream_t>(dev_.exec().stream);
-  auto fp8 = [&](const DeviceBuffer& w, int64_t n_out, int64_t n_in) {
+  auto fp8 = [&](const void* w, int64_t n_out, int64_t n_in) {
     Fp8Matrix m{DeviceBuffer(size_t(n_out * n_in)), DeviceBuffer(size_t(n_out) * 4)};
-    cuda::quantize_rows_fp8(w.data(), n_out, n_in, 0, m.q.data<uint8_t>(), m.scale.data<float>(), s);
+    cuda::quantize_rows_fp8(w, n_out, n_in, 0, m.q.data<uint8_t>(), m.scale.data<float>(), s);
     fp8_bytes_ += m.q.bytes() + m.scale.bytes();
     return m;
   };
   for (int l = 0; l < c.n_layer; ++l) {
     GpuLayer& L = layers_[size_t(l)];
-    L.wq8 = fp8(L.wq, q_dim, E);
-    L.wk8 = fp8(L.wk, kv_dim, E);
-    L.wv8 = fp8(L.wv, kv_dim, E);
-    L.wo8 = fp8(L.wo, E, q_dim);
+    const uint16_t* wqkv = L.wqkv.data<uint16_t>();  // wq's rows, then wk's, then wv's
+    L.wq8 = fp8(wqkv, q_dim, E);
+    L.wk8 = fp8(wqkv + q_dim * E, kv_dim, E);
+    L.wv8 = fp8(wqkv + (q_dim + kv_dim) * E, kv_dim, E);
+    L.wo8 = fp8(L.wo.data(), E, q_dim);
     if (c.is_moe_layer(l)) continue;
-    L.w_gate_up8 = fp8(L.w_gate_up, 2 * int64_t(c.n_ff), E);
-    L.w_down8 = fp8(L.w_down, E, c.n_ff);
+    L.w_gate_up8 = fp8(L.w_gate_up.data(), 2 * int64_t(c.n_ff), E);
+    L.w_down8 = fp8(L.w_down.data(), E, c.n_ff);
   }
   weight_bytes_ += fp8_bytes_;
   KVT_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -218,9 +222,7 @@ void CudaModel::random_weights() {
     GpuLayer& L = layers_[size_t(l)];
     L.attn_norm = ones(E);
     L.ffn_norm = ones(E);
-    L.wq = mat(q_dim, E);
-    L.wk = mat(kv_dim, E);
-    L.wv = mat(kv_dim, E);
+    L.wqkv = mat(q_dim + 2 * kv_dim, E);
     L.wo = mat(E, q_dim);
     if (c.qk_norm) {
       L.q_norm = ones(c.head_dim);

@@ -1,6 +1,7 @@
 #include <cuda_bf16.h>
 
 #include "backend/cuda_backend.h"
+#include "ops/rope/rope_cuda.cuh"
 #include "ops/rope/rope_cuda.h"
 
 namespace kvtier::cuda {
@@ -16,15 +17,7 @@ __global__ void rope_kernel(__nv_bfloat16* x, int64_t n_pairs, int64_t tok_strid
     const int64_t t = th / n_heads;
     __nv_bfloat16* v = x + t * tok_stride + int64_t(h) * head_dim;
     const int i0 = interleaved ? 2 * i : i, i1 = interleaved ? 2 * i + 1 : i + half;
-    // sincos of the product in f32 loses digits at 128K positions; the angle
-    // is formed in f64 and reduced before the f32 sincos.
-    const double a = double(positions[t]) * double(inv_freq[i]);
-    const float ar = float(a - 6.283185307179586 * floor(a / 6.283185307179586));
-    float sn, cs;
-    sincosf(ar, &sn, &cs);
-    const float x0 = __bfloat162float(v[i0]), x1 = __bfloat162float(v[i1]);
-    v[i0] = __float2bfloat16(x0 * cs - x1 * sn);
-    v[i1] = __float2bfloat16(x0 * sn + x1 * cs);
+    rope_pair(__bfloat162float(v[i0]), __bfloat162float(v[i1]), positions[t], inv_freq[i], v + i0, v + i1);
   }
 }
 
