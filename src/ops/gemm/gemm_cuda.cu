@@ -77,11 +77,12 @@ struct Gemm::Impl {
     return plans.emplace(key, std::move(p)).first->second;
   }
 
-  void matmul(const Plan& p, int algo, const void* x, const void* w, void* y, float beta, void* ws,
-              cudaStream_t s) const {
+  // The product by candidate `algo` of p, with workspace ws; its status (callers check it).
+  cublasStatus_t matmul(const Plan& p, int algo, const void* x, const void* w, void* y, float beta, void* ws,
+                        cudaStream_t s) const {
     const float alpha = 1.f;
-    KVT_LT(cublasLtMatmul(handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algos[size_t(algo)], ws,
-                          kWorkspace, s));
+    return cublasLtMatmul(handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algos[size_t(algo)], ws,
+                          kWorkspace, s);
   }
 
   // Milliseconds per product of each candidate of p (the least of `reps`
@@ -106,9 +107,7 @@ struct Gemm::Impl {
       for (size_t i = 0; i < p.algos.size(); ++i) {
         KVT_CUDA_CHECK(cudaMemsetAsync(ws, r & 0xff, kWorkspace, ts));  // 64 MiB: more than the L2
         e0.record(ts);
-        const float alpha = 1.f, beta = 0.f;
-        const cublasStatus_t st = cublasLtMatmul(handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c,
-                                                 &p.algos[i], ws, kWorkspace, ts);
+        const cublasStatus_t st = matmul(p, int(i), x, w, y, 0.f, ws, ts);
         e1.record(ts);
         e1.synchronize();
         if (st != CUBLAS_STATUS_SUCCESS) continue;
@@ -143,13 +142,13 @@ void Gemm::run(int64_t m, int64_t n, int64_t k, const void* x, const void* w, vo
   if (ldy == 0) ldy = n;
   KVT_CHECK(ldx >= k && ldy >= n, "gemm: leading dimensions ldx={} (k={}) ldy={} (n={})", ldx, k, ldy, n);
   const Impl::Plan& p = impl_->plan(m, n, k, ldx, ldy, Kind::bf16);
-  impl_->matmul(p, 0, x, w, y, beta, impl_->workspace.data(), s);
+  KVT_LT(impl_->matmul(p, 0, x, w, y, beta, impl_->workspace.data(), s));
 }
 
 void Gemm::run_f32(int64_t m, int64_t n, int64_t k, const void* x, const void* w, float* y, cudaStream_t s) {
   KVT_CHECK(m > 0 && n > 0 && k > 0, "gemm: empty shape m={} n={} k={}", m, n, k);
   const Impl::Plan& p = impl_->plan(m, n, k, k, n, Kind::bf16_to_f32);
-  impl_->matmul(p, 0, x, w, y, 0.f, impl_->workspace.data(), s);
+  KVT_LT(impl_->matmul(p, 0, x, w, y, 0.f, impl_->workspace.data(), s));
 }
 
 void Gemm::run_fp8_codes(int64_t m, int64_t n, int64_t k, const uint8_t* x_q, const uint8_t* w_q, void* y,
@@ -161,7 +160,7 @@ void Gemm::run_fp8_codes(int64_t m, int64_t n, int64_t k, const uint8_t* x_q, co
     impl_->fp8_checked = true;
   }
   const Impl::Plan& p = impl_->plan(m, n, k, k, n, Kind::fp8);
-  impl_->matmul(p, 0, x_q, w_q, y, 0.f, impl_->workspace.data(), s);
+  KVT_LT(impl_->matmul(p, 0, x_q, w_q, y, 0.f, impl_->workspace.data(), s));
 }
 
 int Gemm::candidates(int64_t m, int64_t n, int64_t k, Kind kind) {
@@ -173,7 +172,7 @@ void Gemm::run_candidate(int i, int64_t m, int64_t n, int64_t k, Kind kind, cons
                          cudaStream_t s) {
   const Impl::Plan& p = impl_->plan(m, n, k, k, n, kind);
   KVT_CHECK(i >= 0 && i < int(p.algos.size()), "gemm: candidate {} of {}", i, p.algos.size());
-  impl_->matmul(p, i, x, w, y, 0.f, impl_->workspace.data(), s);
+  KVT_LT(impl_->matmul(p, i, x, w, y, 0.f, impl_->workspace.data(), s));
 }
 
 std::vector<double> Gemm::time_candidates(int64_t m, int64_t n, int64_t k, Kind kind, const void* w, int reps) {
