@@ -117,8 +117,9 @@ TEST(RulerGen, EachTaskScoresItsOwnAnswer) {
     ASSERT_FALSE(outs.empty()) << task;
     EXPECT_DOUBLE_EQ(ruler_match_all(join(outs, ", "), outs), 1.0) << task;
     EXPECT_LT(ruler_match_all(outs[0], outs), outs.size() > 1 ? 1.0 : 1.1) << task;
-    if (task != "fwe" && task != "cwe")
+    if (task != "fwe" && task != "cwe") {
       for (const auto& o : outs) EXPECT_TRUE(contains(a.prompt, o)) << task << " " << o;
+    }
   }
 }
 
