@@ -115,7 +115,8 @@ Registration reg(72, [](CLI::App& app) {
   cmd->add_option("--domain", a->domain,
                   "text2json: a domain (official: products, medical, organizations, movies; training: books, "
                   "restaurants, ships, software, athletes, grants; held out: hotels, aircraft, universities, albums, "
-                  "patents), or 'all' (every domain of the split, by index); default: the split's own by index");
+                  "patents), 'all' (every domain of the split, by index), or 'generated' (a domain made up per sample: "
+                  "kind, fields and keys; train split); default: the split's own by index");
   cmd->add_option("--split", a->split,
                   "train | heldout: the generators' training distribution (varied wording, styles and values; "
                   "multineedle becomes generated needles) or what training never sees (other domains, wording, "

@@ -13,6 +13,7 @@
 #include "bench/text2json_domains.h"
 #include "bench/text2json_gen.h"
 #include "bench/text2json_score.h"
+#include "bench/text2json_style.h"
 #include "bench/value_gen.h"
 #include "core/status.h"
 
@@ -112,7 +113,7 @@ TEST(Text2JsonSplits, GoldIsCopyableAndScoresItself) {
       o.seed = 5;
       o.index = index;
       o.split = split;
-      o.domain = split == Split::train ? "all" : "";
+      o.domain = split == Split::heldout ? "" : index % 2 ? k_t2j_generated : "all";
       const auto s = make_text2json_sample(o, filler_texts(), count_words);
       EXPECT_LE(s.n_tokens, 3000);
       const std::string answer = s.gold["answer"];
@@ -133,6 +134,91 @@ TEST(Text2JsonSplits, GoldIsCopyableAndScoresItself) {
     }
     EXPECT_GT(double(names.size()), 0.95 * double(n_names)) << split_name(split);
   }
+}
+
+TEST(Text2JsonSplits, GeneratedDomainsVaryAndStayApartFromTheHeldOutOnes) {
+  std::set<std::string> held_kinds;
+  std::set<std::pair<std::string, std::string>> held_fields;
+  for (const auto& d : t2j_domains(Split::heldout)) {
+    held_kinds.insert(d.singular);
+    for (const auto& f : d.fields) held_fields.insert({f.key, f.description});
+  }
+  std::set<std::string> kinds, key_pairs;
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    Rng r(seed);
+    const T2jDomain d = t2j_generated_domain(r);
+    EXPECT_EQ(d.id, k_t2j_generated);
+    ASSERT_EQ(d.fields.size(), 6u);
+    EXPECT_EQ(held_kinds.count(d.singular), 0u) << d.singular;
+    std::set<std::string> keys, descriptions;
+    for (const auto& f : d.fields) {
+      EXPECT_EQ(held_fields.count({f.key, f.description}), 0u) << f.key;
+      EXPECT_NE(f.key, "name");
+      EXPECT_EQ(f.key.find(' '), std::string::npos) << f.key;
+      keys.insert(f.key);
+      descriptions.insert(f.description);
+      Rng v(seed);
+      EXPECT_FALSE(f.value(Split::train, v).empty()) << f.key;
+    }
+    EXPECT_EQ(keys.size(), 6u);
+    EXPECT_EQ(descriptions.size(), 6u);
+    kinds.insert(d.singular);
+    key_pairs.insert(d.fields[0].key + "/" + d.fields[1].key);
+    Rng n(seed);
+    EXPECT_FALSE(d.name(Split::train, n).empty());
+  }
+  EXPECT_GT(kinds.size(), 35u);  // some made up, most from the list
+  EXPECT_GT(key_pairs.size(), 55u);
+  // A sample of a generated domain: the same for the same seed and index, asks
+  // for its own keys, and only in the train split.
+  Text2JsonGenOptions o;
+  o.target_tokens = 2000;
+  o.domain = k_t2j_generated;
+  o.index = 4;
+  const auto a = make_text2json_sample(o, filler_texts(), count_words);
+  EXPECT_EQ(a.prompt, make_text2json_sample(o, filler_texts(), count_words).prompt);
+  EXPECT_EQ(split_on(a.id, "-")[1], "generated");
+  o.index = 5;
+  EXPECT_NE(a.prompt, make_text2json_sample(o, filler_texts(), count_words).prompt);
+  o.split = Split::heldout;
+  EXPECT_THROW(make_text2json_sample(o, filler_texts(), count_words), Error);
+}
+
+TEST(Text2JsonSplits, MadeUpRecordLayoutsHoldTheValuesAndAreNotTheHeldOutOnes) {
+  const T2jDomain& d = t2j_domains(Split::train)[0];
+  const FieldValues fv = {{&d.fields[0], "$12.50"}, {&d.fields[1], "340 g"}};
+  std::set<std::string> layouts;
+  for (uint64_t seed = 1; seed <= 200; ++seed) {
+    Rng r(seed);
+    const T2jFormat f = t2j_random_format(r);
+    const std::string rec = t2j_record(f, "Quorrel KT-482", fv);
+    layouts.insert(replace_all(rec, "Quorrel KT-482", "N"));
+    EXPECT_EQ(rec.find("Quorrel KT-482"), rec.find_first_not_of("#*<(>E-ntry ")) << rec;
+    size_t at = 0;
+    for (const auto& [field, v] : fv) {  // the fields in order, each value after its description
+      const size_t desc = py_lower(rec).find(py_lower(field->description), at);
+      ASSERT_NE(desc, std::string::npos) << rec;
+      at = rec.find(v, desc);
+      ASSERT_NE(at, std::string::npos) << rec;
+    }
+    // Not a held-out card ("[name]", "key = value") or table row ("| name | ... |").
+    EXPECT_FALSE(contains(rec, "[Quorrel KT-482]") || contains(rec, " = ") || contains(rec, "| ")) << rec;
+  }
+  EXPECT_GT(layouts.size(), 100u);
+  // Samples of generated domains use them in about half of the documents, and nothing else does.
+  int with_layout = 0;
+  for (int64_t index = 0; index < 20; ++index) {
+    Text2JsonGenOptions o;
+    o.target_tokens = 1500;
+    o.index = index;
+    o.domain = k_t2j_generated;
+    const auto s = make_text2json_sample(o, filler_texts(), count_words);
+    with_layout += !contains(s.prompt, "The entry for") && !contains(s.prompt, "Next comes") &&
+                   !contains(s.prompt, "From our interview notes") && !contains(s.prompt, "described here") &&
+                   !contains(s.prompt, "in this collection is") && !contains(s.prompt, "also appears in the survey");
+  }
+  EXPECT_GE(with_layout, 4);
+  EXPECT_LE(with_layout, 16);
 }
 
 TEST(Text2JsonSplits, HeldOutWordingNeverAppearsInTraining) {

@@ -2,6 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
+#include <set>
+
+#include "bench/bench_text.h"
+
 namespace kvtier::bench {
 
 namespace {
@@ -305,6 +310,163 @@ std::vector<T2jDomain> heldout() {
   return v;
 }
 
+// An attribute a generated domain can describe its entities by: how the
+// text names it, short JSON keys it may go by instead of the description in
+// snake case, and a value generator with ranges drawn per domain.
+struct Attribute {
+  std::string description;
+  Strings aliases;
+  std::function<Gen(Rng&)> make;
+};
+
+std::function<Gen(Rng&)> fixed(Gen g) {
+  return [g](Rng&) { return g; };
+}
+std::function<Gen(Rng&)> any_count(int64_t lo, int64_t hi) {  // a range inside [lo, hi], drawn per domain
+  return [=](Rng& r) {
+    const int64_t a = r.range(lo, hi);
+    return count(a, r.range(a, hi));
+  };
+}
+std::function<Gen(Rng&)> any_measure(int64_t lo, int64_t hi, const std::string& unit) {
+  return [=](Rng& r) {
+    const int64_t a = r.range(lo, hi);
+    return with_unit(a, r.range(a, hi), unit);
+  };
+}
+std::function<Gen(Rng&)> any_year(int lo, int hi) {
+  return [=](Rng& r) {
+    const int a = static_cast<int>(r.range(lo, hi - 10));
+    return years(a, static_cast<int>(r.range(a + 10, hi)));
+  };
+}
+std::function<Gen(Rng&)> any_date(int lo, int hi) {
+  return [=](Rng& r) {
+    const int a = static_cast<int>(r.range(lo, hi - 5));
+    return dates(a, static_cast<int>(r.range(a + 5, hi)));
+  };
+}
+std::function<Gen(Rng&)> any_money(int64_t lo, int64_t hi) {
+  return [=](Rng& r) {
+    const int64_t a = r.range(lo, hi);
+    const int64_t b = r.range(a, hi);
+    return Gen([=](Split s, Rng& q) { return money(s, q, a, b); });
+  };
+}
+
+// The pool. None of the held-out domains' (key, description) pairs, and no
+// attribute of theirs by its held-out description.
+const std::vector<Attribute>& attributes() {
+  static const std::vector<Attribute> v = {
+      {"founder", {}, fixed(k_person)},
+      {"curator", {}, fixed(k_person)},
+      {"chief engineer", {"engineer"}, fixed(k_person)},
+      {"keeper", {}, fixed(k_person)},
+      {"owner", {}, fixed(k_person)},
+      {"conductor", {}, fixed(k_person)},
+      {"head ranger", {"ranger"}, fixed(k_person)},
+      {"designer", {}, fixed(k_person)},
+      {"architect", {}, fixed(k_person)},
+      {"lead scientist", {"scientist"}, fixed(k_person)},
+      {"caretaker", {}, fixed(k_person)},
+      {"patron", {}, fixed(k_person)},
+      {"chairperson", {"chair"}, fixed(k_person)},
+      {"contact person", {"contact"}, fixed(k_person)},
+      {"discoverer", {}, fixed(k_person)},
+      {"town", {}, fixed(k_place)},
+      {"region", {}, fixed(k_place)},
+      {"nearest town", {"near_town"}, fixed(k_place)},
+      {"district", {}, fixed(k_place)},
+      {"place of origin", {"origin"}, fixed(k_place)},
+      {"country", {}, fixed([](Split s, Rng& r) { return country(s, r); })},
+      {"sponsor", {}, fixed(k_org)},
+      {"builder", {}, fixed(k_org)},
+      {"manufacturer", {"maker"}, fixed(k_org)},
+      {"parent body", {"parent"}, fixed(k_org)},
+      {"insurer", {}, fixed(k_org)},
+      {"inauguration date", {"inaugurated"}, any_date(1900, 2025)},
+      {"last inspection", {"inspected"}, any_date(1990, 2026)},
+      {"discovery date", {"discovered"}, any_date(1700, 2025)},
+      {"completion date", {"completed"}, any_date(1850, 2026)},
+      {"renovation date", {"renovated"}, any_date(1950, 2026)},
+      {"year built", {"built"}, any_year(1600, 2025)},
+      {"year of discovery", {"discovery_year"}, any_year(1500, 2025)},
+      {"restoration year", {"restored"}, any_year(1900, 2025)},
+      {"capacity", {}, any_count(5, 90000)},
+      {"annual visitors", {"visitors"}, any_count(100, 9000000)},
+      {"staff size", {"staff"}, any_count(2, 12000)},
+      {"member count", {"members"}, any_count(3, 500000)},
+      {"number of units", {"units"}, any_count(1, 5000)},
+      {"number of floors", {"floors"}, any_count(1, 120)},
+      {"recorded sightings", {"sightings"}, any_count(1, 40000)},
+      {"height", {}, any_measure(2, 900, "m")},
+      {"length", {}, any_measure(1, 4000, "km")},
+      {"depth", {}, any_measure(1, 3000, "m")},
+      {"area", {}, any_measure(1, 90000, "hectares")},
+      {"power output", {"output"}, any_measure(1, 4000, "MW")},
+      {"mass", {}, any_measure(1, 500000, "tonnes")},
+      {"volume", {}, any_measure(10, 900000, "litres")},
+      {"range", {}, any_measure(5, 20000, "km")},
+      {"top speed", {"speed"}, any_measure(5, 1200, "km/h")},
+      {"elevation", {}, any_measure(0, 8800, "m")},
+      {"diameter", {}, any_measure(1, 9000, "cm")},
+      {"budget", {}, any_money(1000, 90000000)},
+      {"ticket price", {"price"}, any_money(1, 400)},
+      {"annual cost", {"cost"}, any_money(100, 9000000)},
+      {"entry fee", {"fee"}, any_money(1, 120)},
+      {"valuation", {}, fixed(k_millions)},
+      {"annual turnover", {"turnover"}, fixed(k_millions)},
+      {"contact number", {"phone"}, fixed(k_phone)},
+      {"booking line", {"booking_phone"}, fixed(k_phone)},
+      {"hotline", {}, fixed(k_phone)},
+      {"reference code", {"reference"}, fixed(k_code)},
+      {"serial number", {"serial"}, fixed(k_code)},
+      {"inventory code", {}, fixed(k_code)},
+      {"licence number", {"licence"}, fixed(k_code)},
+      {"firmware version", {"firmware"}, fixed([](Split s, Rng& r) { return version(s, r); })},
+      {"category", {},
+       fixed(pick2({"northern", "coastal", "upland", "urban", "historic", "modern", "experimental", "seasonal",
+                    "inland", "remote"},
+                   {"heritage", "research", "community", "commercial", "private", "public", "protected",
+                    "industrial", "touring", "training"}))},
+      {"condition", {"state"},
+       fixed(pick2({"fully", "partly", "recently", "formerly", "provisionally", "largely"},
+                   {"restored", "active", "closed", "listed", "operational", "dormant", "rebuilt"}))},
+  };
+  return v;
+}
+
+// Kinds of entity (singular, plural): none of the held-out domains' kinds.
+const std::vector<std::pair<std::string, std::string>>& kinds() {
+  static const std::vector<std::pair<std::string, std::string>> v = {
+      {"lighthouse", "lighthouses"}, {"observatory", "observatories"}, {"vineyard", "vineyards"},
+      {"bridge", "bridges"}, {"festival", "festivals"}, {"brewery", "breweries"}, {"satellite", "satellites"},
+      {"reservoir", "reservoirs"}, {"mine", "mines"}, {"museum", "museums"}, {"theatre", "theatres"},
+      {"orchestra", "orchestras"}, {"expedition", "expeditions"}, {"racehorse", "racehorses"},
+      {"locomotive", "locomotives"}, {"telescope", "telescopes"}, {"glacier", "glaciers"}, {"volcano", "volcanoes"},
+      {"island", "islands"}, {"nature reserve", "nature reserves"}, {"castle", "castles"},
+      {"monastery", "monasteries"}, {"canal", "canals"}, {"tunnel", "tunnels"}, {"dam", "dams"},
+      {"stadium", "stadiums"}, {"choir", "choirs"}, {"podcast", "podcasts"}, {"magazine", "magazines"},
+      {"farm", "farms"}, {"factory", "factories"}, {"laboratory", "laboratories"}, {"zoo", "zoos"},
+      {"aquarium", "aquariums"}, {"botanical garden", "botanical gardens"}, {"wind farm", "wind farms"},
+      {"power station", "power stations"}, {"radio station", "radio stations"}, {"comet", "comets"},
+      {"river", "rivers"}, {"mountain", "mountains"}, {"cave", "caves"}, {"lake", "lakes"}, {"statue", "statues"},
+      {"robot", "robots"}, {"ferry route", "ferry routes"}, {"board game", "board games"},
+      {"typeface", "typefaces"}, {"violin", "violins"}, {"clock tower", "clock towers"},
+      {"data centre", "data centres"}, {"railway station", "railway stations"}, {"art gallery", "art galleries"},
+      {"ski resort", "ski resorts"}, {"marathon", "marathons"}, {"chess club", "chess clubs"},
+      {"space probe", "space probes"}};
+  return v;
+}
+
+std::string snake(const std::string& s) {
+  std::string k;
+  for (char c : s) k += (c == ' ' || c == '-') ? '_' : static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return k;
+}
+
+std::string lower(const std::string& s) { return py_lower(s); }
+
 }  // namespace
 
 const std::vector<T2jDomain>& t2j_domains(Split s) {
@@ -315,6 +477,77 @@ const std::vector<T2jDomain>& t2j_domains(Split s) {
   }();
   static const std::vector<T2jDomain> held = heldout();
   return s == Split::train ? train : held;
+}
+
+}  // namespace kvtier::bench
+
+namespace kvtier::bench {
+
+T2jDomain t2j_generated_domain(Rng& r) {
+  T2jDomain d;
+  d.id = k_t2j_generated;
+  // One draw per statement: a call's arguments are evaluated in no fixed order.
+  if (r.below(10) < 3) {  // a kind the model cannot know: it has to read the instructions
+    d.singular = lower(made_up_word(Split::train, r, static_cast<int>(r.range(2, 3))));
+    d.plural = d.singular + "s";
+  } else {
+    const auto& k = r.pick(kinds());
+    d.singular = k.first;
+    d.plural = k.second;
+  }
+  const Strings abouts = {d.plural, d.plural + " and their particulars", "a number of " + d.plural,
+                          "various " + d.plural};
+  d.about = r.pick(abouts);
+  std::string kind_word;  // "Botanical Garden"
+  for (const auto& w : py_split_ws(d.singular)) {
+    if (!kind_word.empty()) kind_word += ' ';
+    kind_word += static_cast<char>(std::toupper(static_cast<unsigned char>(w[0])));
+    kind_word += w.substr(1);
+  }
+  switch (r.below(5)) {
+    case 0: d.name = [kind_word](Split s, Rng& q) { return place(s, q) + " " + kind_word; }; break;
+    case 1: d.name = [kind_word](Split s, Rng& q) { return "The " + made_up_word(s, q, 2) + " " + kind_word; }; break;
+    case 2:
+      d.name = [](Split s, Rng& q) {
+        std::string n = brand(s, q) + " ";
+        return n + model_code(s, q);
+      };
+      break;
+    case 3: d.name = k_person; break;
+    default: d.name = k_org;
+  }
+  d.intros = {"{n} is one of the " + d.plural + " described here.", "Next comes {n}.",
+              "The entry for {n} reads as follows.", "Among the " + d.plural + " in this collection is {n}.",
+              "{n} also appears in the survey."};
+  d.chatter = {"Little else is recorded about it.", "Opinions about it vary.",
+               "The entry was last revised some years ago.", "A photograph accompanies the original entry.",
+               "Local accounts differ on the finer details."};
+  // Six attributes with distinct keys and descriptions; sometimes one made up.
+  std::vector<size_t> order(attributes().size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  r.shuffle(order);
+  std::set<std::string> keys, descriptions;
+  if (r.below(10) < 3) {
+    const Strings suffixes = {"index", "score", "grade", "rating", "level", "number"};
+    std::string desc = lower(made_up_word(Split::train, r, 2)) + " ";
+    desc += r.pick(suffixes);
+    const bool code = desc.ends_with("number") || desc.ends_with("grade");
+    Gen g = code ? k_code : count(1, r.range(20, 9999));
+    keys.insert(snake(desc));
+    descriptions.insert(desc);
+    d.fields.push_back({snake(desc), desc, g, {}});
+  }
+  for (size_t i : order) {
+    if (d.fields.size() == 6) break;
+    const Attribute& a = attributes()[i];
+    std::string key = snake(a.description);
+    if (!a.aliases.empty() && r.below(3) == 0) key = r.pick(a.aliases);
+    if (keys.count(key) || descriptions.count(a.description) || key == "name") continue;
+    keys.insert(key);
+    descriptions.insert(a.description);
+    d.fields.push_back({key, a.description, a.make(r), {}});
+  }
+  return d;
 }
 
 }  // namespace kvtier::bench

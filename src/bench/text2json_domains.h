@@ -36,4 +36,14 @@ struct T2jDomain {
 const std::vector<T2jDomain>& t2j_domains(Split s);
 inline constexpr size_t k_t2j_official_domains = 4;
 
+// A domain made up for one sample (train split): an entity kind from a list
+// or a made-up word, a name shape, and six fields drawn from a pool of
+// attributes whose JSON key is the description in snake case or a short
+// alias, one of them sometimes a made-up attribute. A model trained on these
+// has to take the kind, the fields and the keys from the instructions rather
+// than from a memorized domain. It never uses a held-out domain's kind or
+// one of their (key, description) pairs.
+inline constexpr const char* k_t2j_generated = "generated";
+T2jDomain t2j_generated_domain(Rng& r);
+
 }  // namespace kvtier::bench

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "bench/bench_text.h"
@@ -40,7 +41,7 @@ const T2jDomain& find_domain(const Text2JsonGenOptions& o, Rng& r) {
   Strings ids = text2json_domain_ids(Split::train);
   for (auto& id : text2json_domain_ids(Split::heldout)) ids.push_back(id);
   (void)r;
-  fail("text2json generator: unknown domain '{}' (all, {})", o.domain, join(ids, ", "));
+  fail("text2json generator: unknown domain '{}' (all, {}, {})", o.domain, k_t2j_generated, join(ids, ", "));
 }
 
 }  // namespace
@@ -62,7 +63,13 @@ BenchSample make_text2json_sample(const Text2JsonGenOptions& o, const std::vecto
   const Split split = o.split;
   Rng r(sample_seed(o.seed, static_cast<uint64_t>(o.index),
                     split == Split::train ? "text2json" : "text2json/heldout"));
-  const T2jDomain& d = find_domain(o, r);
+  T2jDomain generated;
+  if (o.domain == k_t2j_generated) {
+    KVT_CHECK(split == Split::train, "text2json generator: the '{}' domain belongs to the train split",
+              k_t2j_generated);
+    generated = t2j_generated_domain(r);
+  }
+  const T2jDomain& d = o.domain == k_t2j_generated ? generated : find_domain(o, r);
   const int max_targets = text2json_max_targets(o.target_tokens);
   const int n_targets = o.n_targets > 0 ? o.n_targets : static_cast<int>(r.range(3, max_targets));
   KVT_CHECK(n_targets >= 1 && n_targets <= 20, "text2json generator: {} targets (1-20 allowed)", n_targets);
@@ -88,10 +95,16 @@ BenchSample make_text2json_sample(const Text2JsonGenOptions& o, const std::vecto
     }
     fail("text2json generator: could not draw a new {} name", d.singular);
   };
+  // A made-up domain gets a made-up record layout for the whole document half of the time.
+  std::optional<T2jFormat> format;
+  if (o.domain == k_t2j_generated && r.below(2)) format = t2j_random_format(r);
+  auto passage = [&](const T2jDomain& dom, const std::string& name, const FieldValues& fv) {
+    return format ? t2j_record(*format, name, fv) : t2j_passage(split, style(), dom, name, fv, r);
+  };
   auto describe = [&](const T2jDomain& dom, const std::string& name, std::vector<const T2jField*> fs) {
     FieldValues fv;
     for (const T2jField* f : fs) fv.emplace_back(f, f->value(split, r));
-    return t2j_passage(split, style(), dom, name, fv, r);
+    return passage(dom, name, fv);
   };
 
   struct Item {
@@ -105,7 +118,7 @@ BenchSample make_text2json_sample(const Text2JsonGenOptions& o, const std::vecto
     const std::string v1 = f1.value(split, r), v2 = f2.value(split, r);
     FieldValues fv = {{&f1, v1}, {&f2, v2}};
     if (r.below(2)) std::swap(fv[0], fv[1]);
-    items.push_back({t2j_passage(split, style(), d, name, fv, r), true, {{"name", name}, {f1.key, v1}, {f2.key, v2}}});
+    items.push_back({passage(d, name, fv), true, {{"name", name}, {f1.key, v1}, {f2.key, v2}}});
   }
   const int n_distractors = static_cast<int>(r.range((n_targets + 1) / 2, n_targets));
   std::vector<std::string> target_names;

@@ -25,7 +25,8 @@ struct Text2JsonGenOptions {
   int64_t index = 0;  // sample number within the seed
   Split split = Split::train;
   // "": by index over the four official domains (train split) or the
-  // held-out domains; "all": by index over every domain of the split; or a
+  // held-out domains; "all": by index over every domain of the split;
+  // "generated": a domain made up for the sample (train split only); or a
   // domain id of either split (the split still sets wording and values).
   std::string domain;
   int n_targets = 0;  // 0: drawn from [3, cap(target length)]

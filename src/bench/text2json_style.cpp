@@ -161,6 +161,33 @@ std::string t2j_passage(Split s, int style, const T2jDomain& d, const std::strin
   }
 }
 
+T2jFormat t2j_random_format(Rng& r) {
+  static const Strings names = {"{n}", "{n}:", "## {n}", "** {n} **", "<{n}>", "Entry - {n}", "({n})", "{n} /",
+                                ">> {n}", "{n} ::"};
+  static const Strings separators = {": ", " - ", " -> ", " => ", " := ", "\t", " ... ", ": ", " is "};
+  static const Strings joiners = {"\n", "; ", ", ", " / ", " ~ ", "\n  ", "\n* ", "\n- ", " + "};
+  T2jFormat f;
+  f.name = r.pick(names);
+  f.description_case = static_cast<int>(r.below(3));
+  f.separator = r.pick(separators);
+  f.joiner = r.pick(joiners);
+  return f;
+}
+
+std::string t2j_record(const T2jFormat& f, const std::string& name, const FieldValues& fields) {
+  Strings lines;
+  for (const auto& [field, v] : fields) {
+    std::string d = field->description;
+    if (f.description_case == 1) d = capitalized(d);
+    if (f.description_case == 2)
+      for (char& c : d) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    lines.push_back(d + f.separator + v);
+  }
+  // The joiner follows the name too, unless the name is marked and the fields stay on its line.
+  const bool after_name = f.joiner.find('\n') != std::string::npos || f.name == "{n}";
+  return replace_all(f.name, "{n}", name) + (after_name ? f.joiner : " ") + join(lines, f.joiner);
+}
+
 std::string t2j_unattributed(Split s, const T2jDomain& d, const T2jField& f, const std::string& value, Rng& r) {
   static const Strings train = {"An unnamed {one} was listed with a {d} of {v}, though no name was given.",
                                 "A {d} of {v} was mentioned by one reader without saying which {one} it belonged to.",

@@ -32,6 +32,22 @@ int t2j_n_styles(Split s);
 std::string t2j_passage(Split s, int style, const T2jDomain& d, const std::string& name, const FieldValues& fields,
                         Rng& r);
 
+// A record layout made up for one document (train split, with generated
+// domains): how the name is marked, how each field's description is written
+// and separated from its value, and how fields are joined. None of the
+// held-out split's layouts (cards "[name]" with "key = value" lines, table
+// rows "| name | ... |", letters).
+struct T2jFormat {
+  std::string name;       // "{n}" is the entity's name: "## {n}", "<{n}>"
+  int description_case;   // 0 as written, 1 capitalized, 2 upper case
+  std::string separator;  // between a description and its value: ": ", " -> "
+  std::string joiner;     // between fields (and after the name): "\n", "; "
+};
+T2jFormat t2j_random_format(Rng& r);
+
+// A passage about one entity in a made-up layout.
+std::string t2j_record(const T2jFormat& f, const std::string& name, const FieldValues& fields);
+
 // A sentence giving a value of field f's kind to no named entity.
 std::string t2j_unattributed(Split s, const T2jDomain& d, const T2jField& f, const std::string& value, Rng& r);
 
