@@ -4,13 +4,16 @@ Each batch is a pure function of (recipe, seed, step, stage): `kvtier gen --ids`
 writes samples of every task at a length drawn from the stage's range, with
 the prompt exactly as `kvtier bench` feeds it (chat template, answer prefix)
 and the reference answer closed by <|im_end|>. One sample per row, padded.
-Loss weights: 1 on answer tokens, PROMPT_WEIGHT on prompt tokens (the
+Loss weights: 1 on answer tokens (a Text2JSON-style answer's decision tokens
+may weigh more: `Job.decision_weight`), PROMPT_WEIGHT on prompt tokens (the
 document's own language modelling helps copying heads form), 0 on padding.
 All samples of a batch share one drawn prompt length, so rows are cut to the
 longest sample (rounded up to 64) and padding stays small.
 """
+import bisect
 import json
 import os
+import re
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -32,7 +35,21 @@ MIX_V2 = {"text2json": 0.50, "multineedle-gen": 0.22, "niah_single": 0.04, "niah
           "niah_multivalue": 0.04, "niah_multiquery": 0.04, "vt": 0.04, "cwe": 0.04, "fwe": 0.04}
 GEN_ARGS_V2 = {"text2json": ["--split", "train", "--domain", "all"]}
 GEN_ARGS_V2_DEFAULT = ["--split", "train"]
+# v3: v2's mix with two fifths of the Text2JSON-style share on domains made up
+# per sample (`--domain generated`: entity kind, fields and JSON keys), so
+# that the keys and fields have to be read from the instructions: v2 answers
+# held-out domains with keys of its training domains.
+MIX_V3 = {"text2json": 0.30, "text2json-generated": 0.20, **{k: v for k, v in MIX_V2.items() if k != "text2json"}}
+GEN_ARGS_V3 = {**GEN_ARGS_V2, "text2json-generated": ["--split", "train", "--domain", "generated"]}
+GEN_TASK = {"text2json-generated": "text2json"}  # mix entries that are another `kvtier gen --task` with arguments
 PROMPT_WEIGHT = 0.05
+# Decision tokens of a Text2JSON-style answer (`decision_positions`): which
+# record comes next, and whether the list ends. v2 predicts 98-99 % of its
+# answer tokens teacher-forced but only 60-76 % of these; a wrong one is where
+# free decoding skips a record, takes a distractor or loops. Training reports
+# their accuracy (`decision_acc`); `--decision-weight` weighs their loss.
+# Weight 5 did not raise it in a CPU fine-tune (train/README.md), so no
+# recipe weighs them by default.
 SEED_BASE = 1_000_000  # training seeds never meet the benchmark's (small) seeds
 
 
@@ -59,10 +76,92 @@ class Recipe:
     gen_args: dict
     default_args: tuple
     stages: list
+    decision_weight: float = 1.0
 
 
 RECIPES = {"v1": Recipe(MIX_V1, {}, (), STAGES),
-           "v2": Recipe(MIX_V2, GEN_ARGS_V2, tuple(GEN_ARGS_V2_DEFAULT), STAGES_V2)}
+           "v2": Recipe(MIX_V2, GEN_ARGS_V2, tuple(GEN_ARGS_V2_DEFAULT), STAGES_V2),
+           "v3": Recipe(MIX_V3, GEN_ARGS_V3, tuple(GEN_ARGS_V2_DEFAULT), STAGES_V2)}
+TEXT2JSON_TASKS = ("text2json", "text2json-generated")
+
+
+_pieces = {}  # tokenizer directory -> list of each token id's decoded text
+
+
+def _byte_level_alphabet():
+    """GPT-2's byte-level BPE alphabet: the printable character that stands for each byte."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\u00a1"), ord("\u00ac") + 1)) + \
+        list(range(ord("\u00ae"), ord("\u00ff") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def token_pieces(tokenizer_dir):
+    """Each token id's text, read from a byte-level BPE tokenizer.json (the
+    pieces of a sequence concatenate to its text; a piece that splits a
+    multi-byte character decodes to U+FFFD, which never matters here: the
+    marks sought are ASCII). No dependency beyond the standard library."""
+    if tokenizer_dir not in _pieces:
+        with open(os.path.join(tokenizer_dir, "tokenizer.json"), encoding="utf-8") as f:
+            tj = json.load(f)
+        byte_of = _byte_level_alphabet()
+        vocab = dict(tj["model"]["vocab"])
+        for t in tj.get("added_tokens", []):
+            vocab[t["content"]] = t["id"]
+        pieces = [""] * (max(vocab.values()) + 1)
+        special = {t["content"] for t in tj.get("added_tokens", [])}
+        for s, i in vocab.items():
+            pieces[i] = s if s in special else bytes(byte_of.get(c, 0x3f) for c in s).decode("utf-8", "replace")
+        _pieces[tokenizer_dir] = pieces
+    return _pieces[tokenizer_dir]
+
+
+NAME_KEY = re.compile(r'\{\s*"name"\s*:\s*"')
+
+
+def decision_positions(answer_ids, pieces):
+    """Indices of a Text2JSON-style answer's decision tokens: the token that
+    holds the first character of each record's name (which entity comes
+    next), and the first token after each record's closing brace (another
+    record, or the end of the list). The answer is a JSON list of objects
+    whose first key is "name"."""
+    starts, text = [], []
+    n = 0
+    for t in answer_ids:
+        starts.append(n)
+        p = pieces[t] if 0 <= t < len(pieces) else ""
+        text.append(p)
+        n += len(p)
+    text = "".join(text)
+    marks = [m.end() for m in NAME_KEY.finditer(text)]
+    depth, in_str, esc = 0, False, False
+    for i, c in enumerate(text):  # closing braces of the list's objects (outside strings)
+        if in_str:
+            esc, in_str = (not esc and c == "\\"), in_str and not (c == '"' and not esc)
+            continue
+        if c == '"':
+            in_str = True
+        elif c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                j = i + 1
+                while j < len(text) and text[j].isspace():
+                    j += 1
+                marks.append(j)
+    out = set()
+    for c in marks:
+        if c >= n:
+            continue
+        out.add(bisect.bisect_right(starts, c) - 1)  # the token whose span holds character c
+    return sorted(out)
 
 
 @dataclass(frozen=True)
@@ -79,6 +178,7 @@ class Job:
     data: str
     recipe: str = "v1"
     split: str = ""  # "heldout": evaluation batches from the held-out split (v2)
+    decision_weight: float = -1.0  # loss weight of decision tokens; < 0: the recipe's
 
 
 def gen_args(job, task):
@@ -97,8 +197,8 @@ def gen_args(job, task):
 
 def gen(job, task, n, tokens, seed, workdir):
     out = os.path.join(workdir, f"{task}.jsonl")
-    r = subprocess.run([job.kvtier, "gen", "--task", task, "--tokens", str(tokens), "--n", str(n), "--seed",
-                        str(seed), "--ids", "-m", job.tokenizer_dir, "--data", job.data, "-o", out]
+    r = subprocess.run([job.kvtier, "gen", "--task", GEN_TASK.get(task, task), "--tokens", str(tokens), "--n", str(n),
+                        "--seed", str(seed), "--ids", "-m", job.tokenizer_dir, "--data", job.data, "-o", out]
                        + gen_args(job, task), capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"kvtier gen {task} --tokens {tokens} failed: {r.stderr.strip()[-400:]}")
@@ -108,7 +208,9 @@ def gen(job, task, n, tokens, seed, workdir):
 
 def build_batch(job: Job):
     """tokens [n_rows, row] int32, weights [n_rows, row] float32 (weights[i] is
-    the weight of predicting tokens[i + 1]), and counts for the log."""
+    the weight of predicting tokens[i + 1]), decisions [n_rows, row] bool
+    (decisions[i]: tokens[i + 1] is a decision token of a Text2JSON-style
+    answer), and counts for the log."""
     rng = np.random.default_rng([job.seed, job.step])
     mix = RECIPES[job.recipe].mix
     names = list(mix)
@@ -118,6 +220,8 @@ def build_batch(job: Job):
     tasks = rng.choice(len(names), size=n_rows, p=probs / probs.sum())
     tokens = np.zeros((n_rows, job.row), dtype=np.int32)
     weights = np.zeros((n_rows, job.row), dtype=np.float32)
+    decisions = np.zeros((n_rows, job.row), dtype=bool)
+    decision_weight = job.decision_weight if job.decision_weight >= 0 else RECIPES[job.recipe].decision_weight
     stats = {"rows": 0, "dropped": 0, "answer_tokens": 0, "tokens": 0, "gen_errors": []}
     row, longest = 0, 1
     with tempfile.TemporaryDirectory() as work:
@@ -138,10 +242,14 @@ def build_batch(job: Job):
                 tokens[row, :len(seq)] = seq
                 weights[row, :len(p) - 1] = PROMPT_WEIGHT
                 weights[row, len(p) - 1:len(seq) - 1] = 1.0
+                if names[ti] in TEXT2JSON_TASKS:
+                    d = [len(p) - 1 + i for i in decision_positions(a, token_pieces(job.tokenizer_dir))]
+                    decisions[row, d] = True
+                    weights[row, d] = decision_weight
                 stats["rows"] += 1
                 stats["answer_tokens"] += len(a)
                 stats["tokens"] += len(seq)
                 longest = max(longest, len(seq))
                 row += 1
     cut = min(job.row, -(-longest // 64) * 64)
-    return job.step, tokens[:, :cut], weights[:, :cut], stats
+    return job.step, tokens[:, :cut], weights[:, :cut], decisions[:, :cut], stats

@@ -19,7 +19,8 @@
 # CKPT (out/train-v2), EXPORT (out/kvtier-longctx-v2), OUT (when set, the
 # files to carry back are copied there: 3 weight shards, config.json,
 # model.safetensors.index.json, summary.json, train.log), PYTHON (python3),
-# TRAIN_ARGS (more train.py arguments). A CPU check of this script:
+# RECIPE (v2, the committed model's; v3 adds Text2JSON-style domains made up
+# per sample), TRAIN_ARGS (more train.py arguments). A CPU check of this script:
 #   FROM_SCRATCH=1 BUDGET=60 LIMIT=200 TRAIN_ARGS="--smoke --tokens-per-step 8192 --warmup 10" \
 #   CKPT=/tmp/v2c EXPORT=/tmp/v2e OUT=/tmp/v2o bash train/run_v2.sh
 set -euo pipefail
@@ -53,7 +54,7 @@ fi
 deadline=$(( LIMIT - ($(date +%s) - t0) - 45 ))  # 45 s for the final evaluation and export
 workers=$(( $(nproc) > 6 ? $(nproc) - 4 : 1 ))
 # shellcheck disable=SC2086  # TRAIN_ARGS is a list of words
-PYTHONUNBUFFERED=1 $PYTHON train/train.py --recipe v2 --kvtier "$KVTIER" --tokenizer "$V1" --data "$DATA" \
+PYTHONUNBUFFERED=1 $PYTHON train/train.py --recipe "${RECIPE:-v2}" --kvtier "$KVTIER" --tokenizer "$V1" --data "$DATA" \
   --budget "$BUDGET" --deadline "$deadline" --ckpt "$CKPT" --export "$EXPORT" --workers "$workers" \
   "${init[@]}" ${TRAIN_ARGS:-} 2>&1 | tee -a "$EXPORT/train.log"
 cp "$CKPT/summary.json" "$EXPORT/summary.json"

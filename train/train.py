@@ -51,12 +51,12 @@ def eval_jobs(args, stages, kvtier, tok_dir):
     answer accuracy: the share of answer tokens the model predicts exactly. v2
     adds batches of the held-out split (domains, wording and values never trained on)."""
     out = []
-    splits = ["", "heldout"] if args.recipe == "v2" else [""]
+    splits = ["", "heldout"] if args.recipe != "v1" else [""]
     for split in splits:
         for i, s in enumerate(stages):
             job = D.Job(step=i, stage=i, row=s.row, lo=s.hi, hi=s.hi, tokens=max(2, args.eval_rows) * (s.hi + 300),
                         seed=args.seed + 7777, kvtier=kvtier, tokenizer_dir=tok_dir, data=args.data,
-                        recipe=args.recipe, split=split)
+                        recipe=args.recipe, split=split, decision_weight=args.decision_weight)
             out.append((f"{split or 'train'}/{s.row}", job))
     return out
 
@@ -65,17 +65,21 @@ def eval_jobs(args, stages, kvtier, tok_dir):
 def evaluate(model, batches, device, amp, attn_ctx):
     res = {}
     model.eval()
-    for name, (_, tokens, weights, _) in batches:
+    for name, (_, tokens, weights, decisions, _) in batches:
         t = torch.from_numpy(tokens).to(device).long()
         w = torch.from_numpy(weights).to(device)
         with amp(), attn_ctx():
             logits = model(t)
-        pred = logits[:, :-1].argmax(-1)
-        ans = w[:, :-1] == 1.0
-        acc = ((pred == t[:, 1:]) & ans).sum().item() / max(1, ans.sum().item())
+        hit = logits[:, :-1].argmax(-1) == t[:, 1:]
+        ans = w[:, :-1] >= 1.0
+        dec = torch.from_numpy(decisions).to(device)[:, :-1]
+        acc = (hit & ans).sum().item() / max(1, ans.sum().item())
         ce = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), t[:, 1:].reshape(-1), reduction="none")
         loss = (ce * ans.reshape(-1)).sum().item() / max(1, ans.sum().item())
         res[name] = {"answer_acc": round(acc, 4), "answer_loss": round(loss, 4)}
+        if dec.any():  # Text2JSON-style rows: which record next, and where the list ends
+            res[name]["decision_acc"] = round((hit & dec).sum().item() / dec.sum().item(), 4)
+            res[name]["decision_tokens"] = int(dec.sum().item())
     model.train()
     return res
 
@@ -100,7 +104,10 @@ def main():
     ap.add_argument("--init", help="no checkpoint: start from this exported directory's weights (fresh optimizer)")
     ap.add_argument("--init-trained-s", type=float, default=0.0, help="with --init: budget seconds already spent")
     ap.add_argument("--recipe", choices=sorted(D.RECIPES), default="v1",
-                    help="data mix and curriculum: v1 (the committed model) or v2 (train splits, up to 64K)")
+                    help="data mix and curriculum: v1, v2 (train splits, up to 64K; the committed model) or v3 "
+                    "(v2 with Text2JSON-style domains made up per sample)")
+    ap.add_argument("--decision-weight", type=float, default=-1.0,
+                    help="loss weight of the decision tokens of Text2JSON-style answers (default: the recipe's, 1)")
     ap.add_argument("--smoke", action="store_true", help="tiny model and short stages (CPU check of the recipe)")
     args = ap.parse_args()
     t_start = time.time()
@@ -177,7 +184,8 @@ def main():
         si = stage_for(next_step, progress)
         s = stages[si]
         job = D.Job(step=next_step, stage=si, row=s.row, lo=s.lo, hi=s.hi, tokens=args.tokens_per_step, seed=args.seed,
-                    kvtier=kvtier, tokenizer_dir=tok_dir, data=args.data, recipe=args.recipe)
+                    kvtier=kvtier, tokenizer_dir=tok_dir, data=args.data, recipe=args.recipe,
+                    decision_weight=args.decision_weight)
         pending.append((job, pool.submit(D.build_batch, job)))
         next_step += 1
 
@@ -196,7 +204,7 @@ def main():
             break
         job, fut = pending.popleft()
         tw = time.time()
-        _, tokens, weights, stats = fut.result()
+        _, tokens, weights, _, stats = fut.result()
         window["wait"] += time.time() - tw
         for e in stats["gen_errors"]:
             print(f"warning: step {job.step}: {e}", flush=True)
@@ -217,7 +225,7 @@ def main():
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         with torch.no_grad():
-            ans = (wt == 1.0).float()
+            ans = (wt >= 1.0).float()
             doc = (wt == D.PROMPT_WEIGHT).float()
             window["ans_loss"] += ((ce * ans).sum() / ans.sum().clamp(min=1)).item()
             window["doc_loss"] += ((ce * doc).sum() / doc.sum().clamp(min=1)).item()

@@ -54,6 +54,21 @@ def test_v2_tasks_generate_in_both_splits(tmp_path, length, split):
     assert len(seen) == len(D.MIX_V2)
 
 
+def test_v3_draws_made_up_domains_for_training_only(tmp_path):
+    """v3's extra Text2JSON-style entry is `--domain generated` (a kind, fields and keys made up per sample) in
+    training; its held-out batches are the held-out domains like every other entry's."""
+    assert abs(sum(D.MIX_V3.values()) - 1.0) < 1e-9 and set(D.MIX_V2) < set(D.MIX_V3)
+    keys = set()
+    for seed in (1, 2, 3):
+        recs = D.gen(job(0, 0, recipe="v3"), "text2json-generated", 2, 1200, seed, str(tmp_path))
+        for r in recs:
+            assert r["id"].startswith("t2j-generated-")
+            keys.add(tuple(json.loads(r["answer"])[0]))
+    assert len(keys) >= 5, keys
+    held = D.gen(job(0, 0, recipe="v3", split="heldout"), "text2json-generated", 1, 1200, 1, str(tmp_path))
+    assert held[0]["id"].endswith("-heldout") and not held[0]["id"].startswith("t2j-generated-")
+
+
 def test_v2_curriculum_reaches_64k():
     assert D.STAGES_V2[-1].hi == 65536 and D.STAGES_V2[-1].row >= 65536 + 2048
     assert abs(sum(s.share for s in D.STAGES_V2) - 1.0) < 1e-9
@@ -61,8 +76,9 @@ def test_v2_curriculum_reaches_64k():
 
 
 def test_rows_and_weights():
-    _, tokens, weights, stats = D.build_batch(job(3, 1))
+    _, tokens, weights, decisions, stats = D.build_batch(job(3, 1))
     assert not stats["gen_errors"]
+    assert decisions.shape == tokens.shape and not decisions[weights != 1.0].any(), "decisions are answer tokens"
     assert tokens.shape == weights.shape and tokens.shape[1] % 64 == 0 and tokens.shape[1] <= D.SMOKE_STAGES[1].row
     assert stats["rows"] == tokens.shape[0] and stats["rows"] >= 2
     assert set(np.unique(weights).tolist()) <= {0.0, float(np.float32(D.PROMPT_WEIGHT)), 1.0}
@@ -84,13 +100,86 @@ def test_batches_are_a_function_of_seed_step_and_stage():
     a = D.build_batch(job(7, 0))
     b = D.build_batch(job(7, 0))
     c = D.build_batch(job(8, 0))
-    assert np.array_equal(a[1], b[1]) and np.array_equal(a[2], b[2])
+    assert np.array_equal(a[1], b[1]) and np.array_equal(a[2], b[2]) and np.array_equal(a[3], b[3])
     assert a[1].shape != c[1].shape or not np.array_equal(a[1], c[1])
 
 
 def test_a_failing_generator_is_reported_not_fatal(tmp_path):
     bad = D.Job(step=0, stage=0, row=1536, lo=600, hi=600, tokens=3000, seed=1, kvtier=KVTIER,
                 tokenizer_dir=str(tmp_path), data=DATA)  # no tokenizer.json there
-    _, tokens, weights, stats = D.build_batch(bad)
+    _, tokens, weights, _, stats = D.build_batch(bad)
     assert stats["gen_errors"] and stats["rows"] == 0 and not weights.any()
     assert "tokenizer.json" in stats["gen_errors"][0]
+
+
+def char_ids(text, pieces):
+    """Ids spelling `text` one character per token (the byte-level vocabulary holds every ASCII character)."""
+    return [pieces.index(c) for c in text]
+
+
+def test_token_pieces_concatenate_to_the_text(tmp_path):
+    pieces = D.token_pieces(TOK)
+    recs = D.gen(job(0, 0, recipe="v2"), "text2json", 1, 1500, 77, str(tmp_path))
+    a = recs[0]["answer_ids"]
+    text = "".join(pieces[t] for t in a)
+    assert text.endswith("]<|im_end|>") and text.startswith('[{"name":')
+    assert json.loads(text[:-len("<|im_end|>")]) == json.loads(recs[0]["answer"])
+
+
+def test_decision_positions_of_a_hand_built_answer():
+    pieces = D.token_pieces(TOK)
+    # A brace and an escaped quote inside strings must not end a record.
+    text = '[{"name":"A}\\"x","k":"1"}, {"name":"B","k":"{2}"}]'
+    ids = char_ids(text, pieces) + [IM_END]
+    pos = D.decision_positions(ids, pieces)
+    got = [text[i] for i in pos]
+    assert got == ["A", ",", "B", "]"], got
+    assert pos == [text.index("A}"), text.index("}, ") + 1, text.index("B"), len(text) - 1]
+
+
+def test_decision_positions_of_generated_answers(tmp_path):
+    """Two per record: the first token of its name, and the token after its closing brace."""
+    pieces = D.token_pieces(TOK)
+    for split in ("", "heldout"):
+        recs = D.gen(job(0, 0, recipe="v2", split=split), "text2json", 3, 2500, 91, str(tmp_path))
+        for r in recs:
+            a = r["answer_ids"]
+            names = [x["name"] for x in json.loads(r["answer"])]
+            pos = D.decision_positions(a, pieces)
+            assert len(pos) == 2 * len(names) and len(names) >= 3
+            text = "".join(pieces[t] for t in a)
+            at = 0
+            for k, name in enumerate(names):
+                start, after = pos[2 * k], pos[2 * k + 1]
+                at = text.index(json.dumps(name, ensure_ascii=False), at) + 1  # the name's first character
+                begin = len("".join(pieces[t] for t in a[:start]))
+                assert begin <= at < begin + len(pieces[a[start]]), (name, k)
+                assert "}" in "".join(pieces[t] for t in a[start:after + 1])
+            assert "]" in pieces[a[pos[-1]]]
+
+
+def test_decision_tokens_are_marked_and_weighted_on_request():
+    j = D.Job(step=4, stage=0, row=2048, lo=900, hi=900, tokens=12000, seed=3, kvtier=KVTIER, tokenizer_dir=TOK,
+              data=DATA, recipe="v3")
+    _, tokens, weights, decisions, stats = D.build_batch(j)
+    assert not stats["gen_errors"] and decisions.any(), "the mix has Text2JSON-style rows"
+    assert np.all(weights[decisions] == 1.0), "the recipes weigh them like any answer token"
+    answer = weights >= 1.0
+    assert np.all(answer[decisions]) and 0.01 < decisions.sum() / answer.sum() < 0.2
+    other = D.build_batch(D.Job(**{**j.__dict__, "decision_weight": 2.5}))
+    assert np.array_equal(other[1], tokens) and np.array_equal(other[3], decisions)
+    assert np.all(other[2][decisions] == 2.5) and np.array_equal(other[2][~decisions], weights[~decisions])
+
+
+def test_answer_token_kinds():
+    """train/eval_answers.py: keys, names, values and structure of a JSON answer, and its decision tokens."""
+    import eval_answers as E
+    text = '[{"name":"A\\"b","k":"1"},{"name":"C","k2":"x,y"}]'
+    kinds = "".join({"key": "k", "name": "n", "value": "v", "structure": "."}[k] for k in E.char_kinds(text))
+    assert kinds == "...kkkk...nnnn...k...v.....kkkk...n...kk...vvv..."
+    pieces = D.token_pieces(TOK)
+    per_token = E.token_kinds(char_ids(text, pieces), pieces)
+    assert per_token[text.index("A")] == {"name", "decision"}
+    assert per_token[text.index('"k"') + 1] == {"key"} and per_token[text.index("x,")] == {"value"}
+    assert per_token[text.index("}")] == {"structure"} and per_token[text.index("},") + 1] == {"structure", "decision"}
+    assert per_token[len(text) - 1] == {"structure", "decision"}
