@@ -125,12 +125,10 @@ def token_pieces(tokenizer_dir):
 NAME_KEY = re.compile(r'\{\s*"name"\s*:\s*"')
 
 
-def decision_positions(answer_ids, pieces):
-    """Indices of a Text2JSON-style answer's decision tokens: the token that
-    holds the first character of each record's name (which entity comes
-    next), and the first token after each record's closing brace (another
-    record, or the end of the list). The answer is a JSON list of objects
-    whose first key is "name"."""
+def record_marks(answer_ids, pieces):
+    """Of a Text2JSON-style answer (a JSON list of objects whose first key is
+    "name"): the indices of the tokens that hold the first character of each
+    record's name, and of the first token after each record's closing brace."""
     starts, text = [], []
     n = 0
     for t in answer_ids:
@@ -139,7 +137,8 @@ def decision_positions(answer_ids, pieces):
         text.append(p)
         n += len(p)
     text = "".join(text)
-    marks = [m.end() for m in NAME_KEY.finditer(text)]
+    names = [m.end() for m in NAME_KEY.finditer(text)]
+    ends = []
     depth, in_str, esc = 0, False, False
     for i, c in enumerate(text):  # closing braces of the list's objects (outside strings)
         if in_str:
@@ -155,13 +154,20 @@ def decision_positions(answer_ids, pieces):
                 j = i + 1
                 while j < len(text) and text[j].isspace():
                     j += 1
-                marks.append(j)
-    out = set()
-    for c in marks:
-        if c >= n:
-            continue
-        out.add(bisect.bisect_right(starts, c) - 1)  # the token whose span holds character c
-    return sorted(out)
+                ends.append(j)
+
+    def token_at(chars):  # the token whose span holds each character
+        return [bisect.bisect_right(starts, c) - 1 for c in chars if c < n]
+    return token_at(names), token_at(ends)
+
+
+def decision_positions(answer_ids, pieces):
+    """Indices of a Text2JSON-style answer's decision tokens: the token that
+    holds the first character of each record's name (which entity comes
+    next), and the first token after each record's closing brace (another
+    record, or the end of the list)."""
+    names, ends = record_marks(answer_ids, pieces)
+    return sorted(set(names) | set(ends))
 
 
 @dataclass(frozen=True)
@@ -179,6 +185,7 @@ class Job:
     recipe: str = "v1"
     split: str = ""  # "heldout": evaluation batches from the held-out split (v2)
     decision_weight: float = -1.0  # loss weight of decision tokens; < 0: the recipe's
+    dup_rate: float = 0.0  # share of Text2JSON-style rows given a repeated record to recover from (`with_repeat`)
 
 
 def gen_args(job, task):
@@ -206,6 +213,22 @@ def gen(job, task, n, tokens, seed, workdir):
         return [json.loads(line) for line in f]
 
 
+def with_repeat(answer_ids, pieces, rng):
+    """The answer with one earlier record written again before record k, as a
+    model that loops would, and the span of the repeat (start, end) in the
+    new ids; or None when the answer has fewer than three records. Trained
+    with no loss on the repeat, the row teaches to continue with record k
+    after a repeat instead of looping on."""
+    names, _ = record_marks(answer_ids, pieces)
+    if len(names) < 3:
+        return None
+    k = int(rng.integers(1, len(names) - 1))  # before record k (1 .. n-2): record k is followed by a separator
+    j = int(rng.integers(0, k))  # an earlier record, its name up to the separator after it
+    unit = answer_ids[names[j]:names[j + 1]]
+    at = names[k]
+    return answer_ids[:at] + unit + answer_ids[at:], (at, at + len(unit))
+
+
 def build_batch(job: Job):
     """tokens [n_rows, row] int32, weights [n_rows, row] float32 (weights[i] is
     the weight of predicting tokens[i + 1]), decisions [n_rows, row] bool
@@ -222,7 +245,8 @@ def build_batch(job: Job):
     weights = np.zeros((n_rows, job.row), dtype=np.float32)
     decisions = np.zeros((n_rows, job.row), dtype=bool)
     decision_weight = job.decision_weight if job.decision_weight >= 0 else RECIPES[job.recipe].decision_weight
-    stats = {"rows": 0, "dropped": 0, "answer_tokens": 0, "tokens": 0, "gen_errors": []}
+    stats = {"rows": 0, "dropped": 0, "answer_tokens": 0, "tokens": 0, "repeats": 0, "gen_errors": []}
+    noise = np.random.default_rng([job.seed, job.step, 17])  # apart from `rng`: the batches of dup_rate 0 stay as they were
     row, longest = 0, 1
     with tempfile.TemporaryDirectory() as work:
         for ti in sorted(set(tasks.tolist())):
@@ -235,6 +259,11 @@ def build_batch(job: Job):
                 continue
             for rec in recs:
                 p, a = rec["prompt_ids"], rec["answer_ids"]
+                repeat = None
+                if names[ti] in TEXT2JSON_TASKS and job.dup_rate > 0 and noise.random() < job.dup_rate:
+                    r = with_repeat(a, token_pieces(job.tokenizer_dir), noise)
+                    if r is not None and len(p) + len(r[0]) <= job.row:
+                        a, repeat = r
                 if len(p) + len(a) > job.row:
                     stats["dropped"] += 1
                     continue
@@ -246,6 +275,11 @@ def build_batch(job: Job):
                     d = [len(p) - 1 + i for i in decision_positions(a, token_pieces(job.tokenizer_dir))]
                     decisions[row, d] = True
                     weights[row, d] = decision_weight
+                if repeat is not None:  # no loss on writing the repeat (nor on the decision to start it)
+                    lo, hi = len(p) - 1 + repeat[0], len(p) - 1 + repeat[1]
+                    weights[row, lo:hi] = 0.0
+                    decisions[row, lo:hi] = False
+                    stats["repeats"] += 1
                 stats["rows"] += 1
                 stats["answer_tokens"] += len(a)
                 stats["tokens"] += len(seq)

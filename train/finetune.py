@@ -30,6 +30,8 @@ def main():
     ap.add_argument("--out", required=True, help="directory to export the fine-tuned model to")
     ap.add_argument("--recipe", choices=sorted(D.RECIPES), default="v3")
     ap.add_argument("--decision-weight", type=float, default=-1.0, help="loss weight of decision tokens (recipe's: 1)")
+    ap.add_argument("--dup-rate", type=float, default=0.0,
+                    help="share of Text2JSON-style rows with a repeated record to recover from (data.with_repeat)")
     ap.add_argument("--steps", type=int, default=160)
     ap.add_argument("--lo", type=int, default=1000, help="shortest prompt, tokens")
     ap.add_argument("--hi", type=int, default=1536, help="longest prompt, tokens")
@@ -57,7 +59,7 @@ def main():
     def job(s):  # step numbers apart from train.py's (0.. and 100,000..)
         return D.Job(step=200_000 + s, stage=0, row=row, lo=args.lo, hi=args.hi, tokens=args.tokens_per_step,
                      seed=args.seed, kvtier=os.path.abspath(args.kvtier), tokenizer_dir=tok_dir, data=args.data,
-                     recipe=args.recipe, decision_weight=args.decision_weight)
+                     recipe=args.recipe, decision_weight=args.decision_weight, dup_rate=args.dup_rate)
 
     pool = ThreadPoolExecutor(1)  # `kvtier gen` runs while the model trains
     ahead = [pool.submit(D.build_batch, job(s)) for s in range(min(3, args.steps))]

@@ -183,3 +183,37 @@ def test_answer_token_kinds():
     assert per_token[text.index('"k"') + 1] == {"key"} and per_token[text.index("x,")] == {"value"}
     assert per_token[text.index("}")] == {"structure"} and per_token[text.index("},") + 1] == {"structure", "decision"}
     assert per_token[len(text) - 1] == {"structure", "decision"}
+
+
+def test_a_repeated_record_to_recover_from(tmp_path):
+    """data.with_repeat writes an earlier record again before record k; the row then trains no loss on the
+    repeat and full loss on going on with record k."""
+    pieces = D.token_pieces(TOK)
+    rec = D.gen(job(0, 0, recipe="v3"), "text2json", 1, 2500, 5, str(tmp_path))[0]
+    a, gold = rec["answer_ids"], json.loads(rec["answer"])
+    seen = set()
+    for seed in range(12):
+        ids, (lo, hi) = D.with_repeat(a, pieces, np.random.default_rng(seed))
+        got = json.loads("".join(pieces[t] for t in ids[:-1]))  # without <|im_end|>
+        k = next(i for i in range(len(gold)) if got[i] != gold[i])
+        assert got[:k] + got[k + 1:] == gold and got[k] in gold[:k]
+        assert ids[:lo] + ids[hi:] == a and 1 <= k <= len(gold) - 2
+        seen.add(k)
+    assert len(seen) >= 2
+    assert D.with_repeat(a[:3], pieces, np.random.default_rng(0)) is None
+
+    j = D.Job(step=2, stage=0, row=2560, lo=1200, hi=1200, tokens=16000, seed=9, kvtier=KVTIER, tokenizer_dir=TOK,
+              data=DATA, recipe="v3")
+    base = D.build_batch(j)
+    assert np.array_equal(D.build_batch(D.Job(**{**j.__dict__, "dup_rate": 0.0}))[1], base[1])
+    _, tokens, weights, decisions, stats = D.build_batch(D.Job(**{**j.__dict__, "dup_rate": 1.0}))
+    assert stats["repeats"] >= 1 and base[4]["repeats"] == 0
+    gaps = 0
+    for w, d in zip(weights, decisions):
+        ans = np.flatnonzero(w >= 1.0)
+        inner = np.flatnonzero(w[ans[0]:ans[-1]] == 0)  # a zero-loss span inside the answer: the repeat
+        if inner.size:
+            gaps += 1
+            assert np.all(np.diff(inner) == 1) and not d[ans[0] + inner].any()
+            assert d[ans[0] + inner[-1] + 1], "going on after the repeat is a decision"
+    assert gaps == stats["repeats"]
