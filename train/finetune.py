@@ -8,6 +8,7 @@ data.build_batch, the loss is train.py's.
     python3 train/finetune.py --init models/kvtier-longctx-19m --out /tmp/v3 --recipe v3 --steps 160
 """
 import argparse
+import contextlib
 import os
 import shutil
 import sys
@@ -15,11 +16,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import data as D  # noqa: E402
 from model import export, load  # noqa: E402
+from train import train_step  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -47,6 +48,7 @@ def main():
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    amp = lambda: torch.autocast(device, dtype=torch.bfloat16)  # noqa: E731
     model = load(args.init, device)
     model.train()
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -75,15 +77,7 @@ def main():
             g["lr"] = args.lr * min(1.0, (s + 1) / args.warmup)
         t = torch.from_numpy(tokens).to(device).long()
         w = torch.from_numpy(weights).to(device)[:, :-1]
-        with torch.autocast(device, dtype=torch.bfloat16):
-            logits = model(t[:, :-1])
-        ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), t[:, 1:].reshape(-1),
-                             reduction="none").view(t.shape[0], -1)
-        loss = (ce * w).sum() / w.sum().clamp(min=1e-6)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        ce = train_step(model, opt, t, w, amp, contextlib.nullcontext)
         with torch.no_grad():
             ans = (w >= 1.0).float()
             dec = torch.from_numpy(decisions).to(device)[:, :-1].float()

@@ -61,6 +61,22 @@ def eval_jobs(args, stages, kvtier, tok_dir):
     return out
 
 
+def train_step(model, opt, t, wt, amp, attn_ctx):
+    """One optimizer step on the weighted next-token loss of rows t [n, T]
+    (wt [n, T - 1]: the weight of predicting t[:, i + 1]); returns the
+    per-token cross-entropy [n, T - 1] for the log."""
+    with amp(), attn_ctx():
+        logits = model(t[:, :-1])
+    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), t[:, 1:].reshape(-1),
+                         reduction="none").view(t.shape[0], -1)
+    loss = (ce * wt).sum() / wt.sum().clamp(min=1e-6)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return ce.detach()
+
+
 @torch.no_grad()
 def evaluate(model, batches, device, amp, attn_ctx):
     res = {}
@@ -213,17 +229,8 @@ def main():
         for g in opt.param_groups:
             g["lr"] = lr
         t = torch.from_numpy(tokens).to(device, non_blocking=True).long()
-        w = torch.from_numpy(weights).to(device, non_blocking=True)
-        with amp(), attn_ctx():
-            logits = model(t[:, :-1])
-        ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), t[:, 1:].reshape(-1),
-                             reduction="none").view(t.shape[0], -1)
-        wt = w[:, :-1]
-        loss = (ce * wt).sum() / wt.sum().clamp(min=1e-6)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        wt = torch.from_numpy(weights).to(device, non_blocking=True)[:, :-1]
+        ce = train_step(model, opt, t, wt, amp, attn_ctx)
         with torch.no_grad():
             ans = (wt >= 1.0).float()
             doc = (wt == D.PROMPT_WEIGHT).float()
