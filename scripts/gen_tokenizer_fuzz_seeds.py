@@ -5,25 +5,17 @@ pre-tokenizer shape, merges in both formats, added tokens, post-processors,
 each optionally followed by NUL and a tokenizer_config.json."""
 import json
 import os
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "train"))
+from byte_level import byte_chars  # noqa: E402
+
 OUT = os.path.join(ROOT, "fuzz", "seeds", "tokenizer_json")
 
 
-def byte_symbols():
-    bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return [chr(c) for _, c in sorted(zip(bs, cs))]
-
-
 def tiny(pre, merges_as_pairs, extra=None):
-    syms = byte_symbols()
+    syms = byte_chars()
     vocab = {s: i for i, s in enumerate(syms)}
     words = ["he", "hel", "ll", "hell", "hello", "\u0120t", "\u0120th", "\u0120the", "12"]
     merges = [("h", "e"), ("he", "l"), ("l", "l"), ("hel", "l"), ("hell", "o"), ("\u0120", "t"),

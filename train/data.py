@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from byte_level import byte_chars
+
 # Task mix of v1 (the committed model): the Text2JSON-style generator (four
 # domains, by sample index), MultiNeedle (NeedleBench's fixed needles) and the
 # RULER-style tasks in RULER's own wording.
@@ -88,20 +90,6 @@ TEXT2JSON_TASKS = ("text2json", "text2json-generated")
 _pieces = {}  # tokenizer directory -> list of each token id's decoded text
 
 
-def _byte_level_alphabet():
-    """GPT-2's byte-level BPE alphabet: the printable character that stands for each byte."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\u00a1"), ord("\u00ac") + 1)) + \
-        list(range(ord("\u00ae"), ord("\u00ff") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
-
-
 def token_pieces(tokenizer_dir):
     """Each token id's text, read from a byte-level BPE tokenizer.json (the
     pieces of a sequence concatenate to its text; a piece that splits a
@@ -110,7 +98,7 @@ def token_pieces(tokenizer_dir):
     if tokenizer_dir not in _pieces:
         with open(os.path.join(tokenizer_dir, "tokenizer.json"), encoding="utf-8") as f:
             tj = json.load(f)
-        byte_of = _byte_level_alphabet()
+        byte_of = {c: b for b, c in enumerate(byte_chars())}
         vocab = dict(tj["model"]["vocab"])
         for t in tj.get("added_tokens", []):
             vocab[t["content"]] = t["id"]

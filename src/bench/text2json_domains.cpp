@@ -465,8 +465,6 @@ std::string snake(const std::string& s) {
   return k;
 }
 
-std::string lower(const std::string& s) { return py_lower(s); }
-
 }  // namespace
 
 const std::vector<T2jDomain>& t2j_domains(Split s) {
@@ -488,7 +486,7 @@ T2jDomain t2j_generated_domain(Rng& r) {
   d.id = k_t2j_generated;
   // One draw per statement: a call's arguments are evaluated in no fixed order.
   if (r.below(10) < 3) {  // a kind the model cannot know: it has to read the instructions
-    d.singular = lower(made_up_word(Split::train, r, static_cast<int>(r.range(2, 3))));
+    d.singular = py_lower(made_up_word(Split::train, r, static_cast<int>(r.range(2, 3))));
     d.plural = d.singular + "s";
   } else {
     const auto& k = r.pick(kinds());
@@ -529,7 +527,7 @@ T2jDomain t2j_generated_domain(Rng& r) {
   std::set<std::string> keys, descriptions;
   if (r.below(10) < 3) {
     const Strings suffixes = {"index", "score", "grade", "rating", "level", "number"};
-    std::string desc = lower(made_up_word(Split::train, r, 2)) + " ";
+    std::string desc = py_lower(made_up_word(Split::train, r, 2)) + " ";
     desc += r.pick(suffixes);
     const bool code = desc.ends_with("number") || desc.ends_with("grade");
     Gen g = code ? k_code : count(1, r.range(20, 9999));
