@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <set>
 
+#include "bench/bench_test_util.h"
 #include "bench/bench_text.h"
 #include "bench/needlebench.h"
 #include "bench/ruler.h"
@@ -16,24 +17,8 @@
 namespace kvtier::bench {
 namespace {
 
-// Stand-in tokenizer for tests: one token per whitespace-separated word.
-int64_t count_words(const std::string& s) { return static_cast<int64_t>(py_split_ws(s).size()); }
-
-// Essay-like filler with a vocabulary of a few hundred made-up words.
 std::vector<std::string> filler_texts() {
-  const char* syl[] = {"ka", "lo", "mer", "tis", "van", "pru", "del", "sor", "nim", "qua", "res", "bol"};
-  std::vector<std::string> t;
-  for (int e = 0; e < 5; ++e) {
-    std::string text;
-    for (int i = 0; i < 300; ++i) {
-      const int k = e * 300 + i;
-      const std::string word = std::string(syl[k % 12]) + syl[(k / 12) % 12] + syl[(k / 144) % 12];
-      text += "Essay " + std::to_string(e) + " sentence " + std::to_string(i) + " talks about " + word +
-              ", painting and programming languages. ";
-    }
-    t.push_back(text);
-  }
-  return t;
+  return bench::filler_texts(5, " talks about ", ", painting and programming languages. ");
 }
 
 TEST(Text2JsonGen, DeterministicBySeed) {

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <set>
 
+#include "bench/bench_test_util.h"
 #include "bench/bench_text.h"
 #include "bench/needle_gen.h"
 #include "bench/ruler.h"
@@ -20,24 +21,7 @@
 namespace kvtier::bench {
 namespace {
 
-int64_t count_words(const std::string& s) { return static_cast<int64_t>(py_split_ws(s).size()); }
-
-// Six essay-like texts with a vocabulary of a few hundred made-up words (the
-// RULER word tasks draw from it).
-std::vector<std::string> filler_texts() {
-  const char* syl[] = {"ka", "lo", "mer", "tis", "van", "pru", "del", "sor", "nim", "qua", "res", "bol"};
-  std::vector<std::string> t;
-  for (int e = 0; e < 6; ++e) {
-    std::string text;
-    for (int i = 0; i < 300; ++i) {
-      const int k = e * 300 + i;
-      const std::string word = std::string(syl[k % 12]) + syl[(k / 12) % 12] + syl[(k / 144) % 12];
-      text += "Essay " + std::to_string(e) + " sentence " + std::to_string(i) + " is about " + word + " and rivers. ";
-    }
-    t.push_back(text);
-  }
-  return t;
-}
+std::vector<std::string> filler_texts() { return bench::filler_texts(6, " is about ", " and rivers. "); }
 
 TEST(ValueGen, OpenEndedAndSplitApart) {
   Rng r(1);
