@@ -57,6 +57,19 @@ const uint32_t* cell_table(const QuantSpec& s, const Buffer& grid) {
   return reinterpret_cast<const uint32_t*>(grid.data<float>() + cells_at(s));
 }
 
+// A record format of spec s whose tables upload_tables put in grid and signs.
+RecordFormat record_format(const QuantSpec& s, int dim, int64_t bytes, const Buffer& grid, const Buffer& signs) {
+  RecordFormat f;
+  f.spec = s;
+  f.dim = dim;
+  f.bytes = bytes;
+  f.grid = grid.data<float>();
+  f.signs = signs.data<float>();
+  f.half_norm2 = half_norms(s, grid);
+  f.cells = cell_table(s, grid);
+  return f;
+}
+
 }  // namespace
 
 TieredSeq::TieredSeq(const KvPlan& plan, const Device& dev) : plan_(plan), dev_(dev), x_(dev.exec()) {
@@ -108,40 +121,16 @@ TieredSeq::~TieredSeq() {
 }
 
 RecordFormat TieredSeq::index_fmt() const {
-  RecordFormat f;
-  f.spec = plan_.index_spec;
-  f.dim = plan_.geometry.head_dim;
-  f.bytes = plan_.index_rec_bytes;
-  f.grid = grid_.data<float>();
-  f.signs = signs_.data<float>();
-  f.half_norm2 = half_norms(plan_.index_spec, grid_);
-  f.cells = cell_table(plan_.index_spec, grid_);
-  return f;
+  return record_format(plan_.index_spec, plan_.geometry.head_dim, plan_.index_rec_bytes, grid_, signs_);
 }
 
 RecordFormat TieredSeq::meta_fmt() const {
-  RecordFormat f;
-  if (plan_.index != IndexLayout::residual) return f;
-  f.spec = plan_.meta_spec;
-  f.dim = plan_.geometry.head_dim;
-  f.bytes = plan_.meta_rec_bytes;
-  f.grid = meta_grid_.data<float>();
-  f.signs = meta_signs_.data<float>();
-  f.half_norm2 = half_norms(plan_.meta_spec, meta_grid_);
-  f.cells = cell_table(plan_.meta_spec, meta_grid_);
-  return f;
+  if (plan_.index != IndexLayout::residual) return {};
+  return record_format(plan_.meta_spec, plan_.geometry.head_dim, plan_.meta_rec_bytes, meta_grid_, meta_signs_);
 }
 
 RecordFormat TieredSeq::host_fmt() const {
-  RecordFormat f;
-  f.spec = plan_.host_spec;
-  f.dim = plan_.host_dim;
-  f.bytes = plan_.host_rec_bytes;
-  f.grid = host_grid_.data<float>();
-  f.signs = host_signs_.data<float>();
-  f.half_norm2 = half_norms(plan_.host_spec, host_grid_);
-  f.cells = cell_table(plan_.host_spec, host_grid_);
-  return f;
+  return record_format(plan_.host_spec, plan_.host_dim, plan_.host_rec_bytes, host_grid_, host_signs_);
 }
 
 const float* TieredSeq::query_signs() const {
