@@ -217,6 +217,13 @@ def with_repeat(answer_ids, pieces, rng):
     return answer_ids[:at] + unit + answer_ids[at:], (at, at + len(unit))
 
 
+def answer_starts(weights):
+    """Each row's first answer position (build_batch's weights [n_rows, row]):
+    the first weight other than the prompt's is the last prompt position's,
+    which predicts the answer's first token. A row of padding gives 1."""
+    return (weights != PROMPT_WEIGHT).argmax(1) + 1
+
+
 def build_batch(job: Job):
     """tokens [n_rows, row] int32, weights [n_rows, row] float32 (weights[i] is
     the weight of predicting tokens[i + 1]), decisions [n_rows, row] bool

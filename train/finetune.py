@@ -6,6 +6,11 @@ sequence of its recipe; the batches come from `kvtier gen --ids` through
 data.build_batch, the loss is train.py's.
 
     python3 train/finetune.py --init models/kvtier-longctx-19m --out /tmp/v3 --recipe v3 --steps 160
+
+--sparse-frac P trains a share P of the steps with the answer tokens
+attending as a sparse KV policy decodes them (model.sparse_decode: the local
+window plus the budget's best tokens by exact attention), so that the model
+learns to keep what it needs within a policy's budget.
 """
 import argparse
 import contextlib
@@ -19,7 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import data as D  # noqa: E402
-from model import export, load  # noqa: E402
+from model import export, load, sparse_decode  # noqa: E402
 from train import train_step  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,6 +38,10 @@ def main():
     ap.add_argument("--decision-weight", type=float, default=-1.0, help="loss weight of decision tokens (recipe's: 1)")
     ap.add_argument("--dup-rate", type=float, default=0.0,
                     help="share of Text2JSON-style rows with a repeated record to recover from (data.with_repeat)")
+    ap.add_argument("--sparse-frac", type=float, default=0.0,
+                    help="share of steps whose answer tokens attend sparsely (model.sparse_decode)")
+    ap.add_argument("--sparse-budget", type=float, default=0.03125, help="sparse steps: budget, a fraction of the prompt")
+    ap.add_argument("--sparse-local", type=int, default=64, help="sparse steps: recent positions always attended")
     ap.add_argument("--steps", type=int, default=160)
     ap.add_argument("--lo", type=int, default=1000, help="shortest prompt, tokens")
     ap.add_argument("--hi", type=int, default=1536, help="longest prompt, tokens")
@@ -63,6 +72,7 @@ def main():
                      seed=args.seed, kvtier=os.path.abspath(args.kvtier), tokenizer_dir=tok_dir, data=args.data,
                      recipe=args.recipe, decision_weight=args.decision_weight, dup_rate=args.dup_rate)
 
+    coin = torch.Generator().manual_seed(args.seed + 7)  # apart from the model's RNG: same batches with or without
     pool = ThreadPoolExecutor(1)  # `kvtier gen` runs while the model trains
     ahead = [pool.submit(D.build_batch, job(s)) for s in range(min(3, args.steps))]
     t0 = time.time()
@@ -77,7 +87,11 @@ def main():
             g["lr"] = args.lr * min(1.0, (s + 1) / args.warmup)
         t = torch.from_numpy(tokens).to(device).long()
         w = torch.from_numpy(weights).to(device)[:, :-1]
-        ce = train_step(model, opt, t, w, amp, contextlib.nullcontext)
+        attn_ctx = contextlib.nullcontext
+        if float(torch.rand(1, generator=coin)) < args.sparse_frac:
+            starts = torch.from_numpy(D.answer_starts(weights)).to(device)
+            attn_ctx = lambda: sparse_decode(args.sparse_budget, args.sparse_local, starts)  # noqa: E731
+        ce = train_step(model, opt, t, w, amp, attn_ctx)
         with torch.no_grad():
             ans = (w >= 1.0).float()
             dec = torch.from_numpy(decisions).to(device)[:, :-1].float()

@@ -6,6 +6,7 @@ exported directory loads in transformers and in kvtier unchanged.
 Also: export to a Hugging Face directory (config.json, sharded bf16
 safetensors, generation_config.json) and loading it back.
 """
+import contextlib
 import json
 import math
 import os
@@ -60,6 +61,59 @@ def rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
+# While sparse_decode is active: (budget, local, starts) of the rows in training.
+_sparse = None
+
+
+@contextlib.contextmanager
+def sparse_decode(budget, local, starts):
+    """Within it, position t >= starts[b] of row b (an answer token, which a
+    KV policy decodes one at a time) attends as an offloading policy's decode
+    step does: to its `local` most recent positions and to the
+    ceil(budget * starts[b]) others that carry the most attention, ranked per
+    KV head by the softmax probabilities summed over the head's queries (the
+    oracle of `yakv`'s GQA rule). Positions before starts[b] (the prompt,
+    prefilled densely) attend to everything. Gradients flow through the kept
+    scores only."""
+    global _sparse
+    prev, _sparse = _sparse, (budget, local, starts)
+    try:
+        yield
+    finally:
+        _sparse = prev
+
+
+def sparse_rows(q, k, v, y, budget, local, starts):
+    """y with its rows t >= starts[b] recomputed under sparse_decode's rule;
+    q [B, Hq, T, D], k and v [B, Hkv, T, D] (not repeated over the group),
+    y [B, Hq, T, D] the dense output."""
+    B, Hq, T, D = q.shape
+    Hkv = k.shape[1]
+    g = Hq // Hkv
+    t0 = int(starts.min())
+    if t0 >= T:
+        return y
+    qs = q[:, :, t0:].reshape(B, Hkv, g, T - t0, D)
+    s = torch.einsum("bhgtd,bhsd->bhgts", qs, k) / math.sqrt(D)  # [B, Hkv, g, T - t0, T]
+    pos_q = torch.arange(t0, T, device=q.device)[:, None]
+    pos_k = torch.arange(T, device=q.device)[None, :]
+    causal = pos_k <= pos_q
+    recent = causal & (pos_k > pos_q - local)
+    s = s.masked_fill(~causal, float("-inf"))
+    with torch.no_grad():
+        agg = s.float().softmax(-1).sum(2)  # [B, Hkv, T - t0, T]
+        agg = agg.masked_fill(recent | ~causal, -1.0)
+        kb = torch.ceil(budget * starts.float()).long().clamp(min=1)  # [B]
+        kmax = int(kb.max())
+        top = agg.topk(min(kmax, T), dim=-1).values  # descending
+        thr = top.gather(-1, (kb.clamp(max=T) - 1).view(B, 1, 1, 1).expand(B, Hkv, T - t0, 1))
+        keep = ((agg >= thr) & (agg >= 0)) | recent
+    s = s.masked_fill(~keep[:, :, None], float("-inf"))
+    ys = torch.einsum("bhgts,bhsd->bhgtd", s.softmax(-1).to(v.dtype), v).reshape(B, Hq, T - t0, D)
+    answer = (torch.arange(t0, T, device=q.device)[None, :] >= starts[:, None])[:, None, :, None]
+    return torch.cat([y[:, :, :t0], torch.where(answer, ys.to(y.dtype), y[:, :, t0:])], dim=2)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -80,9 +134,11 @@ class Attention(nn.Module):
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         groups = c.num_attention_heads // c.num_key_value_heads
-        k = k.repeat_interleave(groups, dim=1)  # q head h reads kv head h // groups, as HF's repeat_kv
-        v = v.repeat_interleave(groups, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        kr = k.repeat_interleave(groups, dim=1)  # q head h reads kv head h // groups, as HF's repeat_kv
+        vr = v.repeat_interleave(groups, dim=1)
+        y = F.scaled_dot_product_attention(q, kr, vr, is_causal=True)
+        if _sparse is not None:
+            y = sparse_rows(q, k, v, y, *_sparse)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 

@@ -13,6 +13,7 @@ fraction of the budget spent; each stage's first step is logged, and
         --ckpt out/train --export models/kvtier-longctx-19m
 """
 import argparse
+import contextlib
 import json
 import math
 import multiprocessing
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import data as D  # noqa: E402
-from model import Config, LlamaModel, export, n_params  # noqa: E402
+from model import Config, LlamaModel, export, n_params, sparse_decode  # noqa: E402
 
 
 def stage_at(progress, stages):
@@ -59,6 +60,13 @@ def eval_jobs(args, stages, kvtier, tok_dir):
                         recipe=args.recipe, split=split, decision_weight=args.decision_weight)
             out.append((f"{split or 'train'}/{s.row}", job))
     return out
+
+
+@contextlib.contextmanager
+def sparse_step(attn_ctx, budget, local, starts):
+    """attn_ctx and model.sparse_decode together (a --sparse-frac step)."""
+    with attn_ctx(), sparse_decode(budget, local, starts):
+        yield
 
 
 def train_step(model, opt, t, wt, amp, attn_ctx):
@@ -124,6 +132,10 @@ def main():
                     "(v2 with Text2JSON-style domains made up per sample)")
     ap.add_argument("--decision-weight", type=float, default=-1.0,
                     help="loss weight of the decision tokens of Text2JSON-style answers (default: the recipe's, 1)")
+    ap.add_argument("--sparse-frac", type=float, default=0.0,
+                    help="share of steps whose answer tokens attend as a sparse KV policy decodes (model.sparse_decode)")
+    ap.add_argument("--sparse-budget", type=float, default=0.03125, help="sparse steps: budget, a fraction of the prompt")
+    ap.add_argument("--sparse-local", type=int, default=64, help="sparse steps: recent positions always attended")
     ap.add_argument("--smoke", action="store_true", help="tiny model and short stages (CPU check of the recipe)")
     args = ap.parse_args()
     t_start = time.time()
@@ -145,7 +157,6 @@ def main():
                                         SDPBackend.EFFICIENT_ATTENTION])
         amp = lambda: torch.autocast("cuda", dtype=torch.bfloat16)  # noqa: E731
     else:
-        import contextlib
         attn_ctx = contextlib.nullcontext
         amp = contextlib.nullcontext
 
@@ -208,6 +219,7 @@ def main():
     while len(pending) < ahead:
         submit()
     model.train()
+    coin = torch.Generator().manual_seed(args.seed * 1_000_003 + step)  # which steps are sparse (--sparse-frac)
     t_last_save = t_iter = time.time()
     window = {"tok": 0, "ans_loss": 0.0, "doc_loss": 0.0, "n": 0, "t": time.time(), "wait": 0.0}
     done = False
@@ -230,7 +242,11 @@ def main():
             g["lr"] = lr
         t = torch.from_numpy(tokens).to(device, non_blocking=True).long()
         wt = torch.from_numpy(weights).to(device, non_blocking=True)[:, :-1]
-        ce = train_step(model, opt, t, wt, amp, attn_ctx)
+        step_ctx = attn_ctx
+        if float(torch.rand(1, generator=coin)) < args.sparse_frac:
+            starts = torch.from_numpy(D.answer_starts(weights)).to(device)
+            step_ctx = lambda: sparse_step(attn_ctx, args.sparse_budget, args.sparse_local, starts)  # noqa: E731
+        ce = train_step(model, opt, t, wt, amp, step_ctx)
         with torch.no_grad():
             ans = (wt >= 1.0).float()
             doc = (wt == D.PROMPT_WEIGHT).float()
