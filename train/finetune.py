@@ -24,8 +24,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import data as D  # noqa: E402
-from model import export, load, sparse_decode  # noqa: E402
-from train import train_step  # noqa: E402
+from model import export, load  # noqa: E402
+from train import add_sparse_args, step_attn, train_step  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,10 +38,7 @@ def main():
     ap.add_argument("--decision-weight", type=float, default=-1.0, help="loss weight of decision tokens (recipe's: 1)")
     ap.add_argument("--dup-rate", type=float, default=0.0,
                     help="share of Text2JSON-style rows with a repeated record to recover from (data.with_repeat)")
-    ap.add_argument("--sparse-frac", type=float, default=0.0,
-                    help="share of steps whose answer tokens attend sparsely (model.sparse_decode)")
-    ap.add_argument("--sparse-budget", type=float, default=0.03125, help="sparse steps: budget, a fraction of the prompt")
-    ap.add_argument("--sparse-local", type=int, default=64, help="sparse steps: recent positions always attended")
+    add_sparse_args(ap)
     ap.add_argument("--steps", type=int, default=160)
     ap.add_argument("--lo", type=int, default=1000, help="shortest prompt, tokens")
     ap.add_argument("--hi", type=int, default=1536, help="longest prompt, tokens")
@@ -87,11 +84,7 @@ def main():
             g["lr"] = args.lr * min(1.0, (s + 1) / args.warmup)
         t = torch.from_numpy(tokens).to(device).long()
         w = torch.from_numpy(weights).to(device)[:, :-1]
-        attn_ctx = contextlib.nullcontext
-        if float(torch.rand(1, generator=coin)) < args.sparse_frac:
-            starts = torch.from_numpy(D.answer_starts(weights)).to(device)
-            attn_ctx = lambda: sparse_decode(args.sparse_budget, args.sparse_local, starts)  # noqa: E731
-        ce = train_step(model, opt, t, w, amp, attn_ctx)
+        ce = train_step(model, opt, t, w, amp, step_attn(args, coin, weights, device, contextlib.nullcontext))
         with torch.no_grad():
             ans = (w >= 1.0).float()
             dec = torch.from_numpy(decisions).to(device)[:, :-1].float()

@@ -62,11 +62,28 @@ def eval_jobs(args, stages, kvtier, tok_dir):
     return out
 
 
+def add_sparse_args(ap):
+    """The options of sparse-policy steps (model.sparse_decode), for train.py and finetune.py."""
+    ap.add_argument("--sparse-frac", type=float, default=0.0,
+                    help="share of steps whose answer tokens attend as a sparse KV policy decodes (model.sparse_decode)")
+    ap.add_argument("--sparse-budget", type=float, default=0.03125, help="sparse steps: budget, a fraction of the prompt")
+    ap.add_argument("--sparse-local", type=int, default=64, help="sparse steps: recent positions always attended")
+
+
 @contextlib.contextmanager
-def sparse_step(attn_ctx, budget, local, starts):
-    """attn_ctx and model.sparse_decode together (a --sparse-frac step)."""
+def _with_sparse(attn_ctx, budget, local, starts):
     with attn_ctx(), sparse_decode(budget, local, starts):
         yield
+
+
+def step_attn(args, coin, weights, device, attn_ctx):
+    """This step's attention context: attn_ctx, with model.sparse_decode over
+    the rows' answers (data.answer_starts of the batch's weights) when the
+    coin (a torch.Generator) falls under --sparse-frac."""
+    if float(torch.rand(1, generator=coin)) >= args.sparse_frac:
+        return attn_ctx
+    starts = torch.from_numpy(D.answer_starts(weights)).to(device)
+    return lambda: _with_sparse(attn_ctx, args.sparse_budget, args.sparse_local, starts)
 
 
 def train_step(model, opt, t, wt, amp, attn_ctx):
@@ -132,10 +149,7 @@ def main():
                     "(v2 with Text2JSON-style domains made up per sample)")
     ap.add_argument("--decision-weight", type=float, default=-1.0,
                     help="loss weight of the decision tokens of Text2JSON-style answers (default: the recipe's, 1)")
-    ap.add_argument("--sparse-frac", type=float, default=0.0,
-                    help="share of steps whose answer tokens attend as a sparse KV policy decodes (model.sparse_decode)")
-    ap.add_argument("--sparse-budget", type=float, default=0.03125, help="sparse steps: budget, a fraction of the prompt")
-    ap.add_argument("--sparse-local", type=int, default=64, help="sparse steps: recent positions always attended")
+    add_sparse_args(ap)
     ap.add_argument("--smoke", action="store_true", help="tiny model and short stages (CPU check of the recipe)")
     args = ap.parse_args()
     t_start = time.time()
@@ -242,11 +256,7 @@ def main():
             g["lr"] = lr
         t = torch.from_numpy(tokens).to(device, non_blocking=True).long()
         wt = torch.from_numpy(weights).to(device, non_blocking=True)[:, :-1]
-        step_ctx = attn_ctx
-        if float(torch.rand(1, generator=coin)) < args.sparse_frac:
-            starts = torch.from_numpy(D.answer_starts(weights)).to(device)
-            step_ctx = lambda: sparse_step(attn_ctx, args.sparse_budget, args.sparse_local, starts)  # noqa: E731
-        ce = train_step(model, opt, t, wt, amp, step_ctx)
+        ce = train_step(model, opt, t, wt, amp, step_attn(args, coin, weights, device, attn_ctx))
         with torch.no_grad():
             ans = (wt >= 1.0).float()
             doc = (wt == D.PROMPT_WEIGHT).float()

@@ -94,3 +94,35 @@ def test_answer_starts_is_the_first_position_after_the_prompt():
     w[1, :6] = D.PROMPT_WEIGHT
     w[1, 6] = 5.0  # a decision token first
     assert D.answer_starts(w).tolist() == [5, 7, 1]
+
+
+def test_step_attn_turns_the_mode_on_for_the_share_of_steps_asked():
+    import argparse
+    import contextlib
+    import train as T
+    ap = argparse.ArgumentParser()
+    T.add_sparse_args(ap)
+    w = np.full((2, 12), D.PROMPT_WEIGHT, dtype=np.float32)
+    w[:, 7:] = 1.0
+    seen = []
+    for frac, n_on in ((0.0, 0), (1.0, 20)):
+        args = ap.parse_args(["--sparse-frac", str(frac)])
+        coin = torch.Generator().manual_seed(3)
+        on = 0
+        for _ in range(20):
+            ctx = T.step_attn(args, coin, w, "cpu", contextlib.nullcontext)
+            with ctx():
+                if M._sparse is not None:
+                    on += 1
+                    seen.append(M._sparse)
+            assert M._sparse is None
+        assert on == n_on
+    budget, local, starts = seen[0]
+    assert (budget, local, starts.tolist()) == (0.03125, 64, [8, 8])
+    args = ap.parse_args(["--sparse-frac", "0.5"])
+    coin = torch.Generator().manual_seed(3)
+    on = 0
+    for _ in range(200):
+        with T.step_attn(args, coin, w, "cpu", contextlib.nullcontext)():
+            on += M._sparse is not None
+    assert 70 <= on <= 130
