@@ -220,8 +220,17 @@ def with_repeat(answer_ids, pieces, rng):
 def answer_starts(weights):
     """Each row's first answer position (build_batch's weights [n_rows, row]):
     the first weight other than the prompt's is the last prompt position's,
-    which predicts the answer's first token. A row of padding gives 1."""
-    return (weights != PROMPT_WEIGHT).argmax(1) + 1
+    which predicts the answer's first token. A row of padding (no weight
+    set) gives the row's length: it has no answer to decode sparsely."""
+    first = (weights != PROMPT_WEIGHT).argmax(1) + 1
+    return np.where((weights != 0).any(1), first, weights.shape[1])
+
+
+def answer_end(weights):
+    """One past the last position of build_batch's weights [n_rows, row]
+    that any row weights (0 for a batch of padding)."""
+    live = np.flatnonzero((weights != 0).any(0))
+    return int(live[-1]) + 1 if live.size else 0
 
 
 def build_batch(job: Job):

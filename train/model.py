@@ -66,7 +66,7 @@ _sparse = None
 
 
 @contextlib.contextmanager
-def sparse_decode(budget, local, starts):
+def sparse_decode(budget, local, starts, end=None):
     """Within it, position t >= starts[b] of row b (an answer token, which a
     KV policy decodes one at a time) attends as an offloading policy's decode
     step does: to its `local` most recent positions and to the
@@ -74,25 +74,29 @@ def sparse_decode(budget, local, starts):
     KV head by the softmax probabilities summed over the head's queries (the
     oracle of `yakv`'s GQA rule). Positions before starts[b] (the prompt,
     prefilled densely) attend to everything. Gradients flow through the kept
-    scores only."""
+    scores only. Positions from `end` on (padding after every row's answer)
+    stay dense: nothing is learnt there, and skipping them bounds the
+    memory of rows padded far beyond their answers."""
     global _sparse
-    prev, _sparse = _sparse, (budget, local, starts)
+    prev, _sparse = _sparse, (budget, local, starts, end)
     try:
         yield
     finally:
         _sparse = prev
 
 
-def sparse_rows(q, k, v, y, budget, local, starts):
-    """y with its rows t >= starts[b] recomputed under sparse_decode's rule;
-    q [B, Hq, T, D], k and v [B, Hkv, T, D] (not repeated over the group),
-    y [B, Hq, T, D] the dense output."""
-    B, Hq, T, D = q.shape
+def sparse_rows(q, k, v, y, budget, local, starts, end=None):
+    """y with its rows starts[b] <= t < end recomputed under sparse_decode's
+    rule; q [B, Hq, T, D], k and v [B, Hkv, T, D] (not repeated over the
+    group), y [B, Hq, T, D] the dense output."""
+    B, Hq, Tall, D = q.shape
+    T = Tall if end is None else min(int(end), Tall)  # rows and keys past T are not needed
+    q, k, v, y, rest = q[:, :, :T], k[:, :, :T], v[:, :, :T], y[:, :, :T], y[:, :, T:]
     Hkv = k.shape[1]
     g = Hq // Hkv
     t0 = int(starts.min())
     if t0 >= T:
-        return y
+        return torch.cat([y, rest], dim=2)
     qs = q[:, :, t0:].reshape(B, Hkv, g, T - t0, D)
     s = torch.einsum("bhgtd,bhsd->bhgts", qs, k) / math.sqrt(D)  # [B, Hkv, g, T - t0, T]
     pos_q = torch.arange(t0, T, device=q.device)[:, None]
@@ -111,7 +115,7 @@ def sparse_rows(q, k, v, y, budget, local, starts):
     s = s.masked_fill(~keep[:, :, None], float("-inf"))
     ys = torch.einsum("bhgts,bhsd->bhgtd", s.softmax(-1).to(v.dtype), v).reshape(B, Hq, T - t0, D)
     answer = (torch.arange(t0, T, device=q.device)[None, :] >= starts[:, None])[:, None, :, None]
-    return torch.cat([y[:, :, :t0], torch.where(answer, ys.to(y.dtype), y[:, :, t0:])], dim=2)
+    return torch.cat([y[:, :, :t0], torch.where(answer, ys.to(y.dtype), y[:, :, t0:]), rest], dim=2)
 
 
 class Attention(nn.Module):

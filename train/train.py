@@ -71,8 +71,8 @@ def add_sparse_args(ap):
 
 
 @contextlib.contextmanager
-def _with_sparse(attn_ctx, budget, local, starts):
-    with attn_ctx(), sparse_decode(budget, local, starts):
+def _with_sparse(attn_ctx, budget, local, starts, end):
+    with attn_ctx(), sparse_decode(budget, local, starts, end):
         yield
 
 
@@ -83,7 +83,8 @@ def step_attn(args, coin, weights, device, attn_ctx):
     if float(torch.rand(1, generator=coin)) >= args.sparse_frac:
         return attn_ctx
     starts = torch.from_numpy(D.answer_starts(weights)).to(device)
-    return lambda: _with_sparse(attn_ctx, args.sparse_budget, args.sparse_local, starts)
+    end = D.answer_end(weights)
+    return lambda: _with_sparse(attn_ctx, args.sparse_budget, args.sparse_local, starts, end)
 
 
 def train_step(model, opt, t, wt, amp, attn_ctx):

@@ -87,13 +87,27 @@ def test_the_mode_reaches_the_model_and_ends_with_its_context():
     assert (sparse[0, 60:] - base[0, 60:]).abs().max() > 1e-3
 
 
+def test_rows_past_the_end_stay_dense_and_the_rest_is_unchanged():
+    q, k, v = inputs(1, T=64)
+    y = dense(q, k, v)
+    starts = torch.tensor([30, 45])
+    whole = M.sparse_rows(q, k, v, y, 0.1, 4, starts)
+    cut = M.sparse_rows(q, k, v, y, 0.1, 4, starts, end=50)
+    assert torch.equal(cut[:, :, :50], whole[:, :, :50])
+    assert torch.equal(cut[:, :, 50:], y[:, :, 50:])
+    assert (whole[:, :, 50:] - y[:, :, 50:]).abs().max() > 0.1  # without `end` those rows were sparse
+    assert torch.equal(M.sparse_rows(q, k, v, y, 0.1, 4, starts, end=20), y)  # every answer starts past the end
+
+
 def test_answer_starts_is_the_first_position_after_the_prompt():
     w = np.zeros((3, 10), dtype=np.float32)
     w[0, :4] = D.PROMPT_WEIGHT  # prompt of 5 tokens: weights 0..3, then the answer's
     w[0, 4:8] = 1.0
     w[1, :6] = D.PROMPT_WEIGHT
     w[1, 6] = 5.0  # a decision token first
-    assert D.answer_starts(w).tolist() == [5, 7, 1]
+    assert D.answer_starts(w).tolist() == [5, 7, 10]  # row 2 is padding: nothing to decode
+    assert D.answer_end(w) == 8  # row 0's last answer weight
+    assert D.answer_end(np.zeros((2, 6), dtype=np.float32)) == 0
 
 
 def test_step_attn_turns_the_mode_on_for_the_share_of_steps_asked():
@@ -117,8 +131,8 @@ def test_step_attn_turns_the_mode_on_for_the_share_of_steps_asked():
                     seen.append(M._sparse)
             assert M._sparse is None
         assert on == n_on
-    budget, local, starts = seen[0]
-    assert (budget, local, starts.tolist()) == (0.03125, 64, [8, 8])
+    budget, local, starts, end = seen[0]
+    assert (budget, local, starts.tolist(), end) == (0.03125, 64, [8, 8], 12)
     args = ap.parse_args(["--sparse-frac", "0.5"])
     coin = torch.Generator().manual_seed(3)
     on = 0
