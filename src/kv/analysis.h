@@ -5,7 +5,9 @@
 // layer and query head it accumulates, against the oracle (exact top-k of the
 // true scores with the same budgets):
 //   token recall  |S_policy ∩ S_oracle| / |S_oracle|   (per KV head)
-//   mass recall   Σ_{S_policy} p / Σ_{S_oracle} p       (p: true attention probabilities)
+//   mass recall   Σ_{S_policy} p / Σ_{S_oracle} p       (p: true attention probabilities;
+//                 per query head, so it can pass 1 where the oracle's group
+//                 aggregate kept tokens another head attends less)
 //   output error  ‖o_policy − o_dense‖ / ‖o_dense‖
 // Replaying every policy against one dense sequence (rather than letting each
 // decode its own text) keeps the inputs identical, so the numbers compare the

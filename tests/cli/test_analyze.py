@@ -1,5 +1,6 @@
 """`kvtier analyze` end to end: several policies at once compared with the
-oracle (one row each, recall and mass recall in [0, 1]), --attention-only
+oracle (one row each; the oracle policy itself scores 1 up to near-ties),
+--attention-only
 (entropy and top-3 % mass per layer, no policy), and a clear error for a
 policy that makes no sense."""
 import json
@@ -24,9 +25,15 @@ def test_two_policies_are_compared_with_the_oracle(tmp_path):
     rows = got["policies"]
     assert [p["policy"] for p in rows] == ["yakv,budget=64", "oracle,budget=64"]
     for p in rows:
-        assert 0.0 <= p["mass_recall"] <= 1.0, p
+        assert 0.0 <= p["token_recall"] <= 1.0, p
+        assert p["mass_recall"] > 0.5, p
+    # The engine's oracle ranks f32 scores, the analysis f64 ones: near-ties may
+    # go the other way, so its recall is 1 within 1e-3, not exactly. A head's
+    # mass ratio can pass 1 (the oracle maximizes the group's aggregate).
+    oracle, yakv = rows[1], rows[0]
+    assert abs(oracle["token_recall"] - 1.0) < 1e-3 and abs(oracle["mass_recall"] - 1.0) < 1e-3, oracle
     # The oracle picks the tokens of most attention: its mass recall is the ceiling.
-    assert rows[1]["mass_recall"] >= rows[0]["mass_recall"] - 1e-9, rows
+    assert oracle["mass_recall"] >= yakv["mass_recall"] - 1e-3, rows
 
 
 def test_attention_only_reports_each_layer(tmp_path):
