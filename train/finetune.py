@@ -7,6 +7,11 @@ data.build_batch, the loss is train.py's.
 
     python3 train/finetune.py --init models/kvtier-longctx-19m --out /tmp/v3 --recipe v3 --steps 160
 
+On a GPU it is also the last stage of the committed model (v2s, from v2):
+
+    python3 train/finetune.py --init models/kvtier-longctx-19m --out out/SY --recipe v2 --sparse-frac 0.5 \
+        --lo 3584 --hi 32768 --tokens-per-step 65536 --lr 5e-5
+
 --sparse-frac P trains a share P of the steps with the answer tokens
 attending as a sparse KV policy decodes them (model.sparse_decode: the local
 window plus the budget's best tokens by exact attention), so that the model
