@@ -158,6 +158,8 @@ class Engine {
   // The GPU KV budget in bytes (EngineOptions::gpu_kv_budget resolved at
   // load); 0: none.
   int64_t gpu_kv_budget_bytes() const;
+  // Tokens a sequence may hold, prompt and answer together (EngineOptions::max_context, else the model's).
+  int64_t max_context() const;
   // --device cuda: GPU memory in use now (total − free, every allocation on
   // the device, weights included); 0 on the CPU.
   int64_t gpu_memory_in_use() const;

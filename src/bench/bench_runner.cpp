@@ -223,6 +223,16 @@ std::vector<json> run_bench(Engine& engine, const BenchConfig& c) {
     KVT_CHECK(!c.ctx.empty(), "bench: task {} needs context lengths (--ctx)", task);
     return c.ctx;
   };
+  // The prompt length of a cell: ctx, unless that leaves the answer no room.
+  const int64_t template_tokens =
+      static_cast<int64_t>(engine.tokenize(engine.chat_prompt({{"user", ""}}), true).size()) + 16;
+  auto prompt_target = [&](int64_t ctx) {
+    const int64_t room = engine.max_context() - int64_t(c.sampling.max_new_tokens) - template_tokens;
+    KVT_CHECK(ctx == 0 || room > 0,
+              "bench: {} new tokens leave no room for a prompt in the model's context of {} tokens",
+              c.sampling.max_new_tokens, engine.max_context());
+    return ctx > room ? room : ctx;
+  };
   int64_t total = 0;
   for (const auto& task : c.tasks) total += static_cast<int64_t>(ctx_list(task).size()) * c.n_samples *
                                            static_cast<int64_t>(c.policies.size());
@@ -238,6 +248,10 @@ std::vector<json> run_bench(Engine& engine, const BenchConfig& c) {
   for (const auto& task : c.tasks) {
     const std::string family = score_family(task);
     for (int64_t ctx : ctx_list(task)) {
+      const int64_t target = ctx == 0 ? 0 : prompt_target(ctx);
+      if (target != ctx)
+        fmt::print(stderr, "bench: {} at {}: prompts of {} tokens, so that {} new tokens fit the context of {}\n",
+                   task, ctx, target, c.sampling.max_new_tokens, engine.max_context());
       // The (sample, policy) pairs still to run, sample by sample. Samples
       // are built only when one of them still has work to do.
       std::vector<BenchSample> samples;
@@ -246,7 +260,7 @@ std::vector<json> run_bench(Engine& engine, const BenchConfig& c) {
       for (int64_t i = 0; i < c.n_samples; ++i) {
         for (const auto& policy : c.policies) {
           if (!built) {
-            samples = make_samples(task, ctx, c.n_samples, c.seed, src);
+            samples = make_samples(task, ctx == 0 ? 0 : target, c.n_samples, c.seed, src);
             built = true;
           }
           if (i >= static_cast<int64_t>(samples.size())) {
@@ -289,6 +303,7 @@ std::vector<json> run_bench(Engine& engine, const BenchConfig& c) {
           json rec = std::move(it.probe);
           rec["model"] = engine.model_name();
           rec["context_tokens"] = static_cast<int64_t>(work.prompt.size());
+          if (target != ctx) rec["prompt_target"] = target;
           try {
             if (!it.error.empty()) throw LimitError(it.error);
             if (it.gen) {

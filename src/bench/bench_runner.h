@@ -16,7 +16,12 @@ namespace kvtier::bench {
 struct BenchConfig {
   std::vector<std::string> tasks;
   std::vector<std::string> policies;  // KV policy strings, as for `kvtier run --kv`
-  std::vector<int64_t> ctx;           // target prompt lengths (tokens of the user message)
+  // Target prompt lengths (tokens of the user message). A cell whose prompt
+  // would leave less than the answer's room in the engine's context (at the
+  // model's own limit: 64K for a 64K model) gets prompts that leave it:
+  // max_context − max_new_tokens − the chat template's tokens; its records
+  // say so in "prompt_target".
+  std::vector<int64_t> ctx;
   int64_t n_samples = 5;
   uint64_t seed = 1;
   SamplingParams sampling;  // temperature 0 (greedy) and max_new_tokens

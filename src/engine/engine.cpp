@@ -190,6 +190,7 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& options) {
 const ModelConfig& Engine::config() const { return impl_->model->config(); }
 const EngineOptions& Engine::options() const { return impl_->options; }
 int64_t Engine::gpu_kv_budget_bytes() const { return impl_->gpu_kv_budget_bytes; }
+int64_t Engine::max_context() const { return impl_->max_context; }
 int64_t Engine::gpu_memory_in_use() const {
   if (!impl_->gpu) return 0;
   const auto [free_b, total_b] = impl_->device().mem_info();
