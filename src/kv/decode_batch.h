@@ -82,6 +82,7 @@ class DecodeBatch {
   bool tables_ok_ = false;
   uint64_t builds_ = 0;
   Buffer gqa_scratch_;
+  Buffer topk_scratch_;                // CUDA, GQA without outliers: gqa_topk_rows' sampled path
   Buffer tables_;                     // per layer: 7 [rows] + 5 [seqs] pointer arrays
   std::vector<uintptr_t> host_tables_;
   Buffer state_;                      // [seqs]: pos0 int64, key_first int64, budget int32, kslots int32, ranges

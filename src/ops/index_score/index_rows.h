@@ -168,8 +168,17 @@ struct GqaRowsParams {
   int64_t in_stride = 0, out_stride = 0;
   void* scratch = nullptr;  // CUDA: gqa_rows_scratch_bytes of device memory
   bool partials_ready = false;  // CUDA: score_rows left the partials in scratch (ScoreRowsParams::gqa_scratch)
+  // CUDA, gqa_topk_rows: gqa_topk_scratch_bytes(rows, n_q, in_stride) of
+  // device memory lets long rows take the sampled-threshold path (see
+  // there); null: every row takes the cluster top-k.
+  void* topk_scratch = nullptr;
 };
 int64_t gqa_rows_scratch_bytes(int64_t n_rows, int n_q);
+// The sampled-threshold top-k's filter: candidates per block, and kept
+// candidates a block may hold (more sends its row to the cluster top-k).
+constexpr int kTopkFilterTile = 4096;
+constexpr int kTopkFilterCap = 1024;
+int64_t gqa_topk_scratch_bytes(int64_t n_rows, int n_q, int64_t stride);
 void gqa_rows(const Exec& x, const GqaRowsParams& p, const float* raw, const StepRanges* ranges, float* out);
 void gqa_rows_cpu(const GqaRowsParams& p, const float* raw, const StepRanges* ranges, float* out);
 
@@ -189,9 +198,14 @@ void topk_rows_cpu(int64_t n_rows, int n_kv_head, int64_t stride, int kmax, cons
                    const StepRanges* ranges, int32_t* out);
 
 // gqa_rows, then topk_rows over its output (rows without forced chunks). On
-// CUDA in one pass that never writes the aggregate: the top-k reads each
-// candidate's queries and subtracts their log-sum-exps as it loads them
-// (agg unused); on the CPU through agg ([rows, p.out_stride] f32).
+// CUDA the aggregate is never written: the top-k reads each candidate's
+// queries and subtracts their log-sum-exps as it loads them (agg unused);
+// on the CPU through agg ([rows, p.out_stride] f32). With p.topk_scratch, a
+// long row is first filtered: a sample of its aggregates sets a threshold
+// that, by a wide margin, more than k candidates reach; one pass keeps the
+// candidates at or above it, and the exact top-k runs over those. Rows
+// where the filter kept too few or too many fall back to the full top-k.
+// The picks are the same either way.
 void gqa_topk_rows(const Exec& x, const GqaRowsParams& p, const float* raw, const StepRanges* ranges, int kmax,
                    float* agg, int32_t* out);
 

@@ -201,6 +201,12 @@ void gqa_rows_cpu(const GqaRowsParams& p, const float* raw, const StepRanges* ra
 // CUDA: per (row, query) up to 256 partials (max, sum) and their count.
 int64_t gqa_rows_scratch_bytes(int64_t n_rows, int n_q) { return n_rows * n_q * (256 * 8 + 4) + 16; }
 
+int64_t gqa_topk_scratch_bytes(int64_t n_rows, int n_q, int64_t stride) {
+  const int64_t nb = (stride + kTopkFilterTile - 1) / kTopkFilterTile;
+  const int64_t head = n_rows * (2 + n_q) + n_rows * nb;  // thresholds, modes, log-sum-exps; counts (4 B each)
+  return ((head * 4 + 15) & ~int64_t(15)) + n_rows * nb * kTopkFilterCap * 8;
+}
+
 void mask_rows_cpu(int64_t n_rows, int n_kv_head, int64_t stride, int n_forced, const int32_t* forced,
                    const StepRanges* ranges, float* scores) {
   for (int64_t r = 0; r < n_rows; ++r) {

@@ -1,5 +1,7 @@
 // CUDA versions of index_rows.h (device pointers; q of index_query bf16).
 #pragma once
+#include <vector>
+
 #include "ops/index_score/index_rows.h"
 
 namespace kvtier::cuda {
@@ -16,6 +18,10 @@ void topk_rows(const Exec& x, int64_t n_rows, int n_kv_head, int64_t stride, int
                const StepRanges* ranges, int32_t* out);
 void gqa_topk_rows(const Exec& x, const GqaRowsParams& p, const float* raw, const StepRanges* ranges, int kmax,
                    int32_t* out);
+// Which path each row of the last gqa_topk_rows with this topk_scratch
+// took: 0 the cluster top-k, 1 the sampled filter and then the cluster
+// top-k (the filter kept too few or too many), 2 the sampled path alone.
+std::vector<int32_t> gqa_topk_row_paths(const Exec& x, const void* topk_scratch, int64_t n_rows);
 void expand_rows(const Exec& x, const ExpandRowsParams& p, const int32_t* chunks, const int32_t* forced,
                  const StepRanges* ranges, int32_t* tokens);
 void resident_list(const Exec& x, const ResidentListParams& p, const int32_t* forced, const StepRanges* ranges,

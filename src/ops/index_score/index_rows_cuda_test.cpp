@@ -10,6 +10,7 @@
 
 #include "backend/cuda_test_util.h"
 #include "ops/index_score/index_rows.h"
+#include "ops/index_score/index_rows_cuda.h"
 #include "ops/quant/hadamard.h"
 #include "ops/quant/higgs_grid.h"
 #include "ops/quant/residual_quant.h"
@@ -419,8 +420,8 @@ TEST(IndexRowsCuda, GqaTopkMatchesGqaThenTopk) {
   std::normal_distribution<float> nd;
   for (const int n_q : {4, 8}) {
     const int H = 2, kmax = 4096;
-    const std::vector<int64_t> n{3000, 140000, 70000, 9000};
-    const std::vector<int32_t> budget{4096, 4096, 1500, 4096};
+    const std::vector<int64_t> n{3000, 140000, 70000, 9000, 100000};
+    const std::vector<int32_t> budget{4096, 4096, 1500, 4096, 4096};
     const int n_seq = int(n.size());
     const int64_t rows = int64_t(n_seq) * H, stride = 140000;
     StepPlanParams sp{n_seq, 1, 1, 4, 64, 64, kmax};
@@ -431,9 +432,10 @@ TEST(IndexRowsCuda, GqaTopkMatchesGqaThenTopk) {
       for (int j = 0; j < n_q; ++j) {
         float* v = raw.data() + (r * n_q + j) * stride;
         for (int64_t i = 0; i < stride; ++i) {
-          if (r % 3 == 0) v[i] = float(int(rng() % 16)) * 0.5f;                   // ties
-          else if (r % 3 == 1) v[i] = rng() % 40 == 0 ? -INFINITY : 4.f * nd(rng);  // −inf among them
-          else v[i] = 2.f * nd(rng) + float(j);                                      // a query ahead of the rest
+          if (r % 4 == 0) v[i] = float(int(rng() % 16)) * 0.5f;                   // ties
+          else if (r % 4 == 1) v[i] = rng() % 40 == 0 ? -INFINITY : 4.f * nd(rng);  // −inf among them
+          else if (r % 4 == 2) v[i] = 2.f * nd(rng) + float(j);                     // a query ahead of the rest
+          else v[i] = nd(rng) + (i >= 50000 && i < 53000 ? 10.f : 0.f);             // the best in one stretch
         }
       }
     GqaRowsParams gp{n_seq, H, n_q, stride, stride};
@@ -446,18 +448,36 @@ TEST(IndexRowsCuda, GqaTopkMatchesGqaThenTopk) {
     gqa_rows(x, gp, d_raw.data<float>(), d_ranges.data<StepRanges>(), d_agg.data<float>());
     topk_rows(x, rows, H, stride, kmax, d_agg.data<float>(), d_ranges.data<StepRanges>(), d_top.data<int32_t>());
     const auto want = to_host<int32_t>(d_top, size_t(rows) * kmax);
-    // Fused, with the partials left by gqa_rows (as a scorer leaves them) and computed anew.
-    for (const bool ready : {true, false}) {
-      gp.partials_ready = ready;
-      cuda::DeviceBuffer d_fused(size_t(rows) * kmax * 4);
-      poison(d_fused);
-      gqa_topk_rows(x, gp, d_raw.data<float>(), d_ranges.data<StepRanges>(), kmax, nullptr, d_fused.data<int32_t>());
-      sync(x);
-      const auto got = to_host<int32_t>(d_fused, want.size());
-      for (int64_t r = 0; r < rows; ++r)
-        ASSERT_TRUE(std::equal(got.begin() + r * kmax, got.begin() + (r + 1) * kmax, want.begin() + r * kmax))
-            << "n_q " << n_q << " row " << r << " partials ready " << ready;
-    }
+    // Fused, with the partials left by gqa_rows (as a scorer leaves them) and
+    // computed anew; by the cluster top-k alone, and with the sampled filter first.
+    cuda::DeviceBuffer d_ts(size_t(gqa_topk_scratch_bytes(rows, n_q, stride)));
+    for (const bool sampled : {false, true})
+      for (const bool ready : {true, false}) {
+        gp.partials_ready = ready;
+        gp.topk_scratch = sampled ? d_ts.data() : nullptr;
+        poison(d_ts);
+        cuda::DeviceBuffer d_fused(size_t(rows) * kmax * 4);
+        poison(d_fused);
+        gqa_topk_rows(x, gp, d_raw.data<float>(), d_ranges.data<StepRanges>(), kmax, nullptr,
+                      d_fused.data<int32_t>());
+        sync(x);
+        const auto got = to_host<int32_t>(d_fused, want.size());
+        for (int64_t r = 0; r < rows; ++r)
+          ASSERT_TRUE(std::equal(got.begin() + r * kmax, got.begin() + (r + 1) * kmax, want.begin() + r * kmax))
+              << "n_q " << n_q << " row " << r << " partials ready " << ready << " sampled " << sampled;
+        if (!sampled) continue;
+        // Which rows the sampled path did: rows too short for it (3,000 and
+        // 9,000 candidates at k = 4,096) never try; long rows of spread
+        // scores finish on it; the row whose best 3,000 crowd one filter
+        // block falls back. Rows of ties may go either way.
+        const auto paths = cuda::gqa_topk_row_paths(x, d_ts.data(), rows);
+        const std::vector<int32_t> want_path{0, 0, 2, 1, -1, 2, 0, 0, -1, 2};
+        for (int64_t r = 0; r < rows; ++r) {
+          if (want_path[size_t(r)] >= 0) EXPECT_EQ(paths[size_t(r)], want_path[size_t(r)]) << "n_q " << n_q << " row " << r;
+          else EXPECT_TRUE(paths[size_t(r)] == 1 || paths[size_t(r)] == 2) << "n_q " << n_q << " row " << r;
+        }
+      }
+    gp.topk_scratch = nullptr;
     // The CPU path: the specification's two steps.
     gp.scratch = nullptr;
     gp.partials_ready = false;

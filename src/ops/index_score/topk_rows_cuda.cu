@@ -3,6 +3,9 @@
 // thread blocks per row reading the row's lengths from the StepRanges.
 #include <cooperative_groups.h>
 
+#include <cstdlib>
+#include <string_view>
+
 #include "backend/cuda_backend.h"
 #include "ops/index_score/index_rows_cuda.h"
 #include "ops/index_score/score_rows_cuda.cuh"
@@ -123,10 +126,13 @@ __device__ void select_bin(const cg::cluster_group& cluster, uint32_t* hist, uin
   }
 }
 
+// mode: null, or per row 2 where the sampled path (below) has already
+// written the row's picks: the whole cluster then returns.
 template <bool GQA>
 __global__ void __launch_bounds__(kTopThreads)
     topk_rows_kernel(int n_kv_head, int kmax, TopkSource source, const StepRanges* __restrict__ ranges,
-                     int32_t* __restrict__ out) {
+                     const int32_t* __restrict__ mode, int32_t* __restrict__ out) {
+  if (mode && mode[blockIdx.x / kCluster] == 2) return;
   const cg::cluster_group cluster = cg::this_cluster();
   __shared__ uint32_t hist[kHistWords];
   __shared__ uint32_t group[3][32];
@@ -307,12 +313,298 @@ __global__ void __launch_bounds__(kTopThreads)
   }
 }
 
+// ---- gqa top-k by a sampled threshold
+// 1. topk_sample_kernel, a block per row: each query's log-sum-exp, then the
+//    aggregates of 256 runs of 8 consecutive candidates spread over the row.
+//    T is the sample's r-th largest key (to 16 bits, rounded down), r =
+//    μ + 6σ + 8 for μ = 2048·k/n (σ the binomial's): about 1.2–2 k
+//    candidates of the row reach T, and fewer than k only when the sample
+//    is far off.
+// 2. topk_filter_kernel, a block per 4,096 candidates: keeps the keys ≥ T
+//    with their ids, in index order, in the block's own region (at most
+//    kTopkFilterCap; more marks the region as overflowing).
+// 3. topk_kept_kernel, a block per row: the exact top-k of the kept,
+//    held in registers: a radix select over (key − T), shifted past the
+//    bits all of them share, then the cluster kernel's ordered compaction.
+//    It gives up on a row (leaves its mode at 1) where a region overflowed
+//    or fewer than k or more than kMaxKept were kept.
+// 4. The cluster kernel does the rows not done (mode ≠ 2).
+// The picks equal the cluster kernel's: a candidate not kept has a key
+// < T, and with ≥ k kept the k-th largest key is ≥ T, so every candidate
+// the top-k takes (ties at the k-th key included) was kept.
+constexpr int kSampleThreads = 256, kRunLen = 8, kSamples = kSampleThreads * kRunLen;
+constexpr int kFiltThreads = kTopkFilterTile / kPerLane;  // load_tile's layout: warp spans of 512
+constexpr int kKeptThreads = 1024, kKeptPer = 16, kMaxKept = kKeptThreads * kKeptPer;
+constexpr int64_t kMinSampledRow = 8192;
+constexpr int kMaxRegions = kKeptThreads;  // a row of ≤ 4M candidates
+static_assert(kFiltThreads % 32 == 0 && kFiltThreads <= kTopThreads, "filter block");
+
+struct SampledView {
+  uint32_t* thr;     // [rows] T
+  int32_t* mode;     // [rows] 0: the cluster kernel's row, 1: sampled, 2: sampled and done
+  float* lse;        // [rows · n_q]
+  uint32_t* counts;  // [rows · nb] kept per region
+  uint2* kept;       // [rows · nb · kTopkFilterCap] (key, candidate index)
+  int nb;            // regions per row: ⌈stride / kTopkFilterTile⌉
+};
+
+SampledView sampled_view(void* scratch, int64_t n_rows, int n_q, int64_t stride) {
+  SampledView v;
+  v.nb = int((stride + kTopkFilterTile - 1) / kTopkFilterTile);
+  auto* w = static_cast<uint32_t*>(scratch);
+  v.thr = w;
+  v.mode = reinterpret_cast<int32_t*>(w + n_rows);
+  v.lse = reinterpret_cast<float*>(w + 2 * n_rows);
+  v.counts = w + n_rows * (2 + n_q);
+  const int64_t head = n_rows * (2 + n_q) + n_rows * v.nb;
+  v.kept = reinterpret_cast<uint2*>(static_cast<uint8_t*>(scratch) + ((head * 4 + 15) & ~int64_t(15)));
+  return v;
+}
+
+__global__ void __launch_bounds__(kSampleThreads)
+    topk_sample_kernel(int n_kv_head, int kmax, TopkSource source, const StepRanges* __restrict__ ranges,
+                       SampledView v) {
+  __shared__ float s_lse[kMaxGqaQueries];
+  __shared__ uint32_t s_cnt[2][kSampleThreads / 32];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  constexpr int kW = kSampleThreads / 32;
+  const int64_t row = blockIdx.x;
+  const StepRanges sr = ranges[row / n_kv_head];
+  const int64_t n = sr.c_hi - sr.c_lo;
+  const int k = int(min(min(sr.k, int64_t(kmax)), n));
+  const bool sampled = k > 0 && n >= kMinSampledRow && int64_t(k) * 8 <= n && k <= kMaxKept / 2 &&
+                       n <= int64_t(kMaxRegions) * kTopkFilterTile;
+  if (!sampled) {
+    if (tid == 0) v.mode[row] = 0;
+    return;
+  }
+  const int n_q = source.n_q;
+  for (int j = warp; j < n_q; j += kW) {
+    const float l = score_detail::query_lse(source.gp, row * n_q + j, lane);
+    if (lane == 0) {
+      s_lse[j] = l;
+      v.lse[row * n_q + j] = l;
+    }
+  }
+  __syncthreads();
+  const float* src = source.scores + row * n_q * source.stride + sr.c_lo;
+  const int64_t start = int64_t(tid) * (n - kRunLen) / (kSampleThreads - 1);
+  uint32_t keys[kRunLen];
+#pragma unroll
+  for (int i = 0; i < kRunLen; ++i) {
+    float best = -INFINITY;
+    for (int j = 0; j < n_q; ++j) best = fmaxf(best, src[j * source.stride + start + i] - s_lse[j]);
+    keys[i] = order_key(best);
+  }
+  const float p = float(k) / float(n), mu = kSamples * p;
+  const uint32_t r = uint32_t(min(float(kSamples), ceilf(mu + 6.f * sqrtf(mu * (1.f - p))) + 8.f));
+  // T: the largest key with ≥ r sampled keys at or above it, bit by bit,
+  // its top 16 bits only (T may then sit a little lower: a few more kept).
+  uint32_t t = 0;
+  for (int bit = 31; bit >= 16; --bit) {
+    const uint32_t cand = t | (1u << bit);
+    uint32_t c = 0;
+#pragma unroll
+    for (int i = 0; i < kRunLen; ++i) c += keys[i] >= cand;
+    c = __reduce_add_sync(0xffffffffu, c);
+    uint32_t* cnt = s_cnt[bit & 1];  // alternating: the next write goes to the other half
+    if (lane == 0) cnt[warp] = c;
+    __syncthreads();
+    uint32_t total = 0;
+#pragma unroll
+    for (int w = 0; w < kW; ++w) total += cnt[w];
+    if (total >= r) t = cand;
+  }
+  if (tid == 0) {
+    v.thr[row] = t;
+    v.mode[row] = 1;
+  }
+}
+
+__global__ void __launch_bounds__(kFiltThreads)
+    topk_filter_kernel(int n_kv_head, TopkSource source, const StepRanges* __restrict__ ranges, SampledView v) {
+  __shared__ float s_lse[kMaxGqaQueries];
+  __shared__ uint32_t s_warp[kFiltThreads / 32];
+  const int64_t row = blockIdx.y;
+  if (v.mode[row] == 0) return;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const StepRanges sr = ranges[row / n_kv_head];
+  const int64_t n = sr.c_hi - sr.c_lo, begin = int64_t(blockIdx.x) * kTopkFilterTile;
+  if (begin >= n) return;
+  const int len = int(min(int64_t(kTopkFilterTile), n - begin));
+  const int n_q = source.n_q;
+  if (tid < n_q) s_lse[tid] = v.lse[row * n_q + tid];
+  __syncthreads();
+  const uint32_t t = v.thr[row];
+  uint32_t keys[kPerLane];
+  load_tile<true>(source.scores + row * n_q * source.stride + sr.c_lo + begin, len, warp, lane, keys, n_q,
+                  source.stride, s_lse);
+  uint32_t masks[kPerLane], w_total = 0;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    masks[i] = __ballot_sync(0xffffffffu, warp * kWarpSpan + i * 32 + lane < len && keys[i] >= t);
+    w_total += __popc(masks[i]);
+  }
+  if (lane == 0) s_warp[warp] = w_total;
+  __syncthreads();
+  uint32_t base = 0, total = 0;
+#pragma unroll
+  for (int w = 0; w < kFiltThreads / 32; ++w) {
+    base += w < warp ? s_warp[w] : 0u;
+    total += s_warp[w];
+  }
+  const int64_t region = row * v.nb + blockIdx.x;
+  if (tid == 0) v.counts[region] = total;
+  if (total > uint32_t(kTopkFilterCap)) return;
+  uint2* out = v.kept + region * kTopkFilterCap;
+  const uint32_t lt = (1u << lane) - 1u;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    if (masks[i] >> lane & 1u)
+      out[base + __popc(masks[i] & lt)] = make_uint2(keys[i], uint32_t(begin + warp * kWarpSpan + i * 32 + lane));
+    base += __popc(masks[i]);
+  }
+}
+
+__global__ void __launch_bounds__(kKeptThreads)
+    topk_kept_kernel(int n_kv_head, int kmax, const StepRanges* __restrict__ ranges, SampledView v,
+                     int32_t* __restrict__ out) {
+  __shared__ uint32_t s_base[kMaxRegions];
+  __shared__ uint32_t s_hist[256];
+  __shared__ uint32_t s_warp[kKeptThreads / 32];
+  __shared__ uint32_t s_prefix, s_remaining;
+  const int64_t row = blockIdx.x;
+  if (v.mode[row] != 1) return;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const StepRanges sr = ranges[row / n_kv_head];
+  const int64_t n = sr.c_hi - sr.c_lo;
+  const int k = int(min(min(sr.k, int64_t(kmax)), n));
+  const int nbr = int((n + kTopkFilterTile - 1) / kTopkFilterTile);
+  // Where each region's kept candidates start in the row's list.
+  const uint32_t c = tid < nbr ? v.counts[row * v.nb + tid] : 0u;
+  const bool overflow = __syncthreads_or(c > uint32_t(kTopkFilterCap));
+  const uint32_t incl = warp_inclusive_sum(c, lane);
+  if (lane == 31) s_warp[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    const uint32_t w = s_warp[lane];
+    const uint32_t wi = warp_inclusive_sum(w, lane);
+    s_warp[lane] = wi - w;
+    if (lane == 31) s_remaining = wi;  // the row's kept count, for a moment
+  }
+  __syncthreads();
+  const uint32_t m = s_remaining;
+  if (tid < nbr) s_base[tid] = s_warp[warp] + incl - c;
+  if (overflow || m < uint32_t(k) || m > uint32_t(kMaxKept)) return;  // the cluster kernel does this row
+  __syncthreads();
+  const uint32_t t = v.thr[row];
+  uint32_t keys[kKeptPer], ids[kKeptPer], hi = 0;
+#pragma unroll
+  for (int i = 0; i < kKeptPer; ++i) {
+    const uint32_t e = uint32_t(i * kKeptThreads + tid);
+    keys[i] = 0;
+    ids[i] = 0;
+    if (e < m) {
+      int lo = 0, up = nbr - 1;  // the last region whose list starts at or before e
+      while (lo < up) {
+        const int mid = (lo + up + 1) / 2;
+        if (s_base[mid] <= e) lo = mid;
+        else up = mid - 1;
+      }
+      const uint2 kv = v.kept[(row * v.nb + lo) * kTopkFilterCap + (e - s_base[lo])];
+      keys[i] = kv.x - t;  // ≥ 0: kept keys are ≥ T
+      ids[i] = kv.y;
+      hi = max(hi, keys[i]);
+    }
+  }
+  hi = __reduce_max_sync(0xffffffffu, hi);
+  __syncthreads();
+  if (lane == 0) s_warp[warp] = hi;
+  __syncthreads();
+  hi = __reduce_max_sync(0xffffffffu, s_warp[lane]);
+  const int up = hi ? __clz(hi) : 0;
+#pragma unroll
+  for (int i = 0; i < kKeptPer; ++i) keys[i] <<= up;
+  // Radix select, 8 bits a pass from the top: the k-th largest key and how
+  // many of its equals to take.
+  uint32_t prefix = 0, prefix_mask = 0, remaining = uint32_t(k);
+#pragma unroll
+  for (int pass = 0; pass < 4; ++pass) {
+    const int shift = 24 - 8 * pass;
+    if (tid < 256) s_hist[tid] = 0;
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kKeptPer; ++i)
+      if (uint32_t(i * kKeptThreads + tid) < m && (keys[i] & prefix_mask) == prefix)
+        atomicAdd(&s_hist[(keys[i] >> shift) & 255u], 1u);
+    __syncthreads();
+    if (warp == 0) {  // lane l holds bins 255 − 8l … 248 − 8l, the largest first
+      uint32_t h[8], sum = 0;
+#pragma unroll
+      for (int b = 0; b < 8; ++b) {
+        h[b] = s_hist[255 - 8 * lane - b];
+        sum += h[b];
+      }
+      const uint32_t in = warp_inclusive_sum(sum, lane), ex = in - sum;
+      if (ex < remaining && in >= remaining) {
+        uint32_t acc = ex;
+#pragma unroll
+        for (int b = 0; b < 8; ++b) {
+          if (acc + h[b] >= remaining) {
+            s_prefix = prefix | (uint32_t(255 - 8 * lane - b) << shift);
+            s_remaining = remaining - acc;
+            break;
+          }
+          acc += h[b];
+        }
+      }
+    }
+    __syncthreads();
+    prefix = s_prefix;
+    remaining = s_remaining;
+    prefix_mask |= 255u << shift;
+  }
+  const uint32_t thr = prefix, need_eq = remaining;
+  int32_t* orow = out + row * kmax;
+  for (int i = tid; i < kmax - k; i += kKeptThreads) orow[i] = -1;
+  int32_t* osel = orow + (kmax - k);
+  const uint32_t lt = (1u << lane) - 1u;
+  uint32_t run_gt = 0, run_eq = 0;
+#pragma unroll
+  for (int i = 0; i < kKeptPer; ++i) {
+    if (uint32_t(i * kKeptThreads) >= m) break;
+    const bool ok = uint32_t(i * kKeptThreads + tid) < m;
+    const bool gt = ok && keys[i] > thr, eq = ok && keys[i] == thr;
+    const uint32_t m_gt = __ballot_sync(0xffffffffu, gt), m_eq = __ballot_sync(0xffffffffu, eq);
+    if (lane == 0) s_warp[warp] = (uint32_t(__popc(m_gt)) << 16) | uint32_t(__popc(m_eq));
+    __syncthreads();
+    const uint32_t wv = s_warp[lane];
+    const uint32_t wi = warp_inclusive_sum(wv, lane);
+    const uint32_t before = __shfl_sync(0xffffffffu, wi - wv, warp), total = __shfl_sync(0xffffffffu, wi, 31);
+    const uint32_t g = run_gt + (before >> 16) + __popc(m_gt & lt);
+    const uint32_t e = run_eq + (before & 0xffffu) + __popc(m_eq & lt);
+    if (gt || (eq && e < need_eq)) osel[g + min(e, need_eq)] = int32_t(sr.c_lo + ids[i]);
+    run_gt += total >> 16;
+    run_eq += total & 0xffffu;
+    __syncthreads();
+  }
+  if (tid == 0) v.mode[row] = 2;
+}
+
 cudaStream_t st(const Exec& x) { return static_cast<cudaStream_t>(x.stream); }
+
+bool sampled_topk_off() {
+  static const bool off = [] {
+    const char* e = std::getenv("KVT_GQA_TOPK");
+    return e && std::string_view(e) == "cluster";
+  }();
+  return off;
+}
 
 // One cluster of kCluster blocks per row.
 template <bool GQA>
 void launch_topk(const Exec& x, int64_t n_rows, int n_kv_head, int kmax, const TopkSource& src,
-                 const StepRanges* ranges, int32_t* out) {
+                 const StepRanges* ranges, const int32_t* mode, int32_t* out) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned(n_rows * kCluster));
   cfg.blockDim = dim3(kTopThreads);
@@ -323,7 +615,7 @@ void launch_topk(const Exec& x, int64_t n_rows, int n_kv_head, int kmax, const T
   attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
-  KVT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, topk_rows_kernel<GQA>, n_kv_head, kmax, src, ranges, out));
+  KVT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, topk_rows_kernel<GQA>, n_kv_head, kmax, src, ranges, mode, out));
   KVT_CUDA_LAUNCH_CHECK("topk_rows_kernel");
 }
 
@@ -337,7 +629,7 @@ void topk_rows(const Exec& x, int64_t n_rows, int n_kv_head, int64_t stride, int
   TopkSource src;
   src.scores = scores;
   src.stride = stride;
-  launch_topk<false>(x, n_rows, n_kv_head, kmax, src, ranges, out);
+  launch_topk<false>(x, n_rows, n_kv_head, kmax, src, ranges, nullptr, out);
 }
 
 void gqa_topk_rows(const Exec& x, const GqaRowsParams& p, const float* raw, const StepRanges* ranges, int kmax,
@@ -356,7 +648,27 @@ void gqa_topk_rows(const Exec& x, const GqaRowsParams& p, const float* raw, cons
   src.stride = p.in_stride;
   src.n_q = p.n_q;
   src.gp = score_detail::gqa_partials(p.scratch, n_rows * p.n_q);
-  launch_topk<true>(x, n_rows, p.n_kv_head, kmax, src, ranges, out);
+  const int32_t* mode = nullptr;
+  if (p.topk_scratch && !sampled_topk_off()) {
+    const SampledView v = sampled_view(p.topk_scratch, n_rows, p.n_q, p.in_stride);
+    topk_sample_kernel<<<unsigned(n_rows), kSampleThreads, 0, st(x)>>>(p.n_kv_head, kmax, src, ranges, v);
+    KVT_CUDA_LAUNCH_CHECK("topk_sample_kernel");
+    topk_filter_kernel<<<dim3(unsigned(v.nb), unsigned(n_rows)), kFiltThreads, 0, st(x)>>>(p.n_kv_head, src, ranges,
+                                                                                          v);
+    KVT_CUDA_LAUNCH_CHECK("topk_filter_kernel");
+    topk_kept_kernel<<<unsigned(n_rows), kKeptThreads, 0, st(x)>>>(p.n_kv_head, kmax, ranges, v, out);
+    KVT_CUDA_LAUNCH_CHECK("topk_kept_kernel");
+    mode = v.mode;
+  }
+  launch_topk<true>(x, n_rows, p.n_kv_head, kmax, src, ranges, mode, out);
+}
+
+std::vector<int32_t> gqa_topk_row_paths(const Exec& x, const void* topk_scratch, int64_t n_rows) {
+  std::vector<int32_t> paths(static_cast<size_t>(n_rows));
+  const SampledView v = sampled_view(const_cast<void*>(topk_scratch), n_rows, 0, 0);
+  KVT_CUDA_CHECK(cudaStreamSynchronize(st(x)));
+  KVT_CUDA_CHECK(cudaMemcpy(paths.data(), v.mode, size_t(n_rows) * 4, cudaMemcpyDeviceToHost));
+  return paths;
 }
 
 }  // namespace kvtier::cuda
