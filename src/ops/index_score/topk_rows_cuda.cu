@@ -324,8 +324,9 @@ __global__ void __launch_bounds__(kTopThreads)
 //    with their ids, in index order, in the block's own region (at most
 //    kTopkFilterCap; more marks the region as overflowing).
 // 3. topk_kept_kernel, a block per row: the exact top-k of the kept,
-//    held in registers: a radix select over (key − T), shifted past the
-//    bits all of them share, then the cluster kernel's ordered compaction.
+//    held in registers (warp w the 512 from 512 w on): a radix select over
+//    (key − T), shifted past the bits all of them share, then the cluster
+//    kernel's ordered compaction with one scan over the warps.
 //    It gives up on a row (leaves its mode at 1) where a region overflowed
 //    or fewer than k or more than kMaxKept were kept.
 // 4. The cluster kernel does the rows not done (mode ≠ 2).
@@ -338,6 +339,7 @@ constexpr int kKeptThreads = 1024, kKeptPer = 16, kMaxKept = kKeptThreads * kKep
 constexpr int64_t kMinSampledRow = 8192;
 constexpr int kMaxRegions = kKeptThreads;  // a row of ≤ 4M candidates
 static_assert(kFiltThreads % 32 == 0 && kFiltThreads <= kTopThreads, "filter block");
+static_assert(kKeptPer == kPerLane && kKeptThreads / 32 * kWarpSpan == kMaxKept, "a kept warp spans 512");
 
 struct SampledView {
   uint32_t* thr;     // [rows] T
@@ -501,7 +503,7 @@ __global__ void __launch_bounds__(kKeptThreads)
   uint32_t keys[kKeptPer], ids[kKeptPer], hi = 0;
 #pragma unroll
   for (int i = 0; i < kKeptPer; ++i) {
-    const uint32_t e = uint32_t(i * kKeptThreads + tid);
+    const uint32_t e = uint32_t(warp * kWarpSpan + i * 32 + lane);
     keys[i] = 0;
     ids[i] = 0;
     if (e < m) {
@@ -535,7 +537,7 @@ __global__ void __launch_bounds__(kKeptThreads)
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < kKeptPer; ++i)
-      if (uint32_t(i * kKeptThreads + tid) < m && (keys[i] & prefix_mask) == prefix)
+      if (uint32_t(warp * kWarpSpan + i * 32 + lane) < m && (keys[i] & prefix_mask) == prefix)
         atomicAdd(&s_hist[(keys[i] >> shift) & 255u], 1u);
     __syncthreads();
     if (warp == 0) {  // lane l holds bins 255 − 8l … 248 − 8l, the largest first
@@ -568,25 +570,30 @@ __global__ void __launch_bounds__(kKeptThreads)
   int32_t* orow = out + row * kmax;
   for (int i = tid; i < kmax - k; i += kKeptThreads) orow[i] = -1;
   int32_t* osel = orow + (kmax - k);
+  // Warp w holds kept [512 w, 512 w + 512) in order: one scan of the warps'
+  // counts places every warp's picks.
   const uint32_t lt = (1u << lane) - 1u;
-  uint32_t run_gt = 0, run_eq = 0;
+  uint32_t w_gt = 0, w_eq = 0;
 #pragma unroll
   for (int i = 0; i < kKeptPer; ++i) {
-    if (uint32_t(i * kKeptThreads) >= m) break;
-    const bool ok = uint32_t(i * kKeptThreads + tid) < m;
+    const bool ok = uint32_t(warp * kWarpSpan + i * 32 + lane) < m;
+    w_gt += __popc(__ballot_sync(0xffffffffu, ok && keys[i] > thr));
+    w_eq += __popc(__ballot_sync(0xffffffffu, ok && keys[i] == thr));
+  }
+  if (lane == 0) s_warp[warp] = (w_gt << 16) | w_eq;
+  __syncthreads();
+  const uint32_t wv = s_warp[lane];
+  const uint32_t before = __shfl_sync(0xffffffffu, warp_inclusive_sum(wv, lane) - wv, warp);
+  uint32_t my_gt = before >> 16, my_eq = before & 0xffffu;
+#pragma unroll
+  for (int i = 0; i < kKeptPer; ++i) {
+    const bool ok = uint32_t(warp * kWarpSpan + i * 32 + lane) < m;
     const bool gt = ok && keys[i] > thr, eq = ok && keys[i] == thr;
     const uint32_t m_gt = __ballot_sync(0xffffffffu, gt), m_eq = __ballot_sync(0xffffffffu, eq);
-    if (lane == 0) s_warp[warp] = (uint32_t(__popc(m_gt)) << 16) | uint32_t(__popc(m_eq));
-    __syncthreads();
-    const uint32_t wv = s_warp[lane];
-    const uint32_t wi = warp_inclusive_sum(wv, lane);
-    const uint32_t before = __shfl_sync(0xffffffffu, wi - wv, warp), total = __shfl_sync(0xffffffffu, wi, 31);
-    const uint32_t g = run_gt + (before >> 16) + __popc(m_gt & lt);
-    const uint32_t e = run_eq + (before & 0xffffu) + __popc(m_eq & lt);
+    const uint32_t g = my_gt + __popc(m_gt & lt), e = my_eq + __popc(m_eq & lt);
     if (gt || (eq && e < need_eq)) osel[g + min(e, need_eq)] = int32_t(sr.c_lo + ids[i]);
-    run_gt += total >> 16;
-    run_eq += total & 0xffffu;
-    __syncthreads();
+    my_gt += __popc(m_gt);
+    my_eq += __popc(m_eq);
   }
   if (tid == 0) v.mode[row] = 2;
 }
