@@ -138,7 +138,8 @@ void DecodeBatch::build_tables() {
   ensure(fetch_scratch_, size_t(std::max<int64_t>(8, fetch_scratch_bytes(x_, fetch_params()))));
   cpu_view_rows_.assign(size_t(R), nullptr);
   if (n_q > 1) ensure(gqa_scratch_, size_t(gqa_rows_scratch_bytes(R, n_q)));
-  if (n_q > 1 && x_.cuda() && n_out_ == 0) ensure(topk_scratch_, size_t(gqa_topk_scratch_bytes(R, n_q, score_stride_)));
+  if (n_q > 1 && x_.cuda() && n_out_ == 0)
+    ensure(topk_scratch_, size_t(gqa_topk_scratch_bytes(R, n_q, score_stride_)));
   gens_.clear();
   for (const TieredSeq* s : seqs_) gens_.push_back(s->generation());
   tables_ok_ = true;

@@ -56,7 +56,7 @@ void decode_step(DecodeBatch& b, int layer, const void* q, float scale, void* ou
   const bool fused = per_query && x.cuda() && score_rows_leaves_partials(sp);
   if (fused) sp.gqa_scratch = b.gqa_scratch_.data();
   score_rows(x, sp, b.qidx_.data<float>(), t.plane0, t.plane1, ranges, b.scores_.data<float>());
-  const GqaRowsParams gp{n_seq,       H, group, b.score_stride_, b.score_stride_, b.gqa_scratch_.data(), fused,
+  const GqaRowsParams gp{n_seq, H, group, b.score_stride_, b.score_stride_, b.gqa_scratch_.data(), fused,
                          b.topk_scratch_.data()};
   // Without outliers to mask, the aggregation happens inside the top-k (select).
   if (per_query && forced) gqa_rows(x, gp, b.scores_.data<float>(), ranges, cand);
