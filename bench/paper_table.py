@@ -13,7 +13,8 @@ SVG plot of score and fidelity against GPU KV bytes per token:
   bits    landmark bits 0.5 - 4 (HIGGS) and residual landmarks, budget fixed
 
 Every cell holds --n samples (20 by default). Each policy runs in its own
-`kvtier bench` process (--jobs at a time) writing OUT/<sweep>/<policy>.jsonl,
+`kvtier bench` process (--jobs at a time, each decoding --batch samples at
+once) writing OUT/<sweep>/<policy>.jsonl,
 so that an interrupted run resumes where it stopped: run the same command
 again until it prints "complete". --deadline bounds the whole command.
 
@@ -84,6 +85,8 @@ def main():
     ap.add_argument("--jobs", type=int, default=4, help="bench processes at once (one policy each)")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads per process (0: cores / jobs)")
     ap.add_argument("--prefill-chunk", type=int, default=4096)
+    ap.add_argument("--batch", type=int, default=1,
+                    help="samples each process decodes at once (kvtier bench --batch; the same greedy outputs)")
     ap.add_argument("--deadline", type=float, default=0, help="seconds for the whole command (0: none)")
     ap.add_argument("--out", default="bench/results/paper")
     a = ap.parse_args()
@@ -138,7 +141,7 @@ def main():
             break
         cmd = [a.kvtier, "bench", "--device", a.device, "-m", a.model, "--data", a.data, "--task", tasks, "-c", ctx,
                "--n", str(a.n), "--max-tokens", str(a.max_tokens), "--prefill-chunk", str(a.prefill_chunk),
-               "-t", str(threads), "--fidelity", a.fidelity, "--no-progress", "--kv", policy,
+               "-t", str(threads), "-b", str(a.batch), "--fidelity", a.fidelity, "--no-progress", "--kv", policy,
                "-o", os.path.join(a.out, name, slug(policy) + ".jsonl")]
         if left is not None:
             cmd = ["timeout", str(int(left - 30))] + cmd  # 30 s for the reports
