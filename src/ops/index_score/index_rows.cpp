@@ -62,7 +62,8 @@ PlanarScorer planar_scorer_from_name(std::string_view name) {
   if (name == "xor") return PlanarScorer::xor_table;
   if (name == "rotated") return PlanarScorer::rotated_table;
   if (name == "mma") return PlanarScorer::mma;
-  fail("unknown planar scorer '{}' (xor, rotated, mma)", name);
+  if (name == "mma16") return PlanarScorer::mma16;
+  fail("unknown planar scorer '{}' (xor, rotated, mma, mma16)", name);
 }
 
 const char* planar_scorer_name(PlanarScorer s) {
@@ -71,6 +72,7 @@ const char* planar_scorer_name(PlanarScorer s) {
     case PlanarScorer::xor_table: return "xor";
     case PlanarScorer::rotated_table: return "rotated";
     case PlanarScorer::mma: return "mma";
+    case PlanarScorer::mma16: return "mma16";
   }
   return "?";
 }

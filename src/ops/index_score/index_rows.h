@@ -64,8 +64,8 @@ struct IndexQueryParams {
 void index_query_rows(const Exec& x, const IndexQueryParams& p, const void* q, float* out);
 void index_query_rows_cpu(const IndexQueryParams& p, const float* q, float* out);
 
-enum class PlanarScorer { automatic, xor_table, rotated_table, mma };
-PlanarScorer planar_scorer_from_name(std::string_view name);  // xor, rotated, mma; else fails
+enum class PlanarScorer { automatic, xor_table, rotated_table, mma, mma16 };
+PlanarScorer planar_scorer_from_name(std::string_view name);  // xor, rotated, mma, mma16; else fails
 const char* planar_scorer_name(PlanarScorer s);
 // automatic → $KVT_PLANAR_SCORER if set, else the default; others unchanged.
 PlanarScorer planar_scorer_resolved(PlanarScorer s);
@@ -99,8 +99,10 @@ struct ScoreRowsParams {
   // order of the f32 sums); mma decodes the codes to the grid's fp16 points
   // and multiplies on the tensor cores, the queries split into fp16 high and
   // low parts (the same scores up to the queries' 22 bits and the order of
-  // the sums). automatic: $KVT_PLANAR_SCORER if set (xor, rotated, mma),
-  // else the default, mma (the fastest on the H200).
+  // the sums); mma16 is mma with the tokens as the products' rows (16 per
+  // product) in fewer instructions per token (the same scores up to the
+  // order of the sums). automatic: $KVT_PLANAR_SCORER if set (xor, rotated,
+  // mma, mma16), else the default, mma.
   PlanarScorer planar_scorer = PlanarScorer::automatic;
 };
 constexpr int64_t residual_meta_stride(int64_t out_stride, int m) { return out_stride / (m > 0 ? m : 1) + 2; }

@@ -269,7 +269,12 @@ INSTANTIATE_TEST_SUITE_P(
                       ScoreCase{"planar", 128, 1, true, false, true, 0, PlanarScorer::mma},
                       ScoreCase{"planar", 128, 2, false, false, true, 0, PlanarScorer::mma},
                       ScoreCase{"planar", 128, 7, false, false, true, 0, PlanarScorer::mma},
-                      ScoreCase{"planar", 128, 4, false, false, true, 9, PlanarScorer::mma}));
+                      ScoreCase{"planar", 128, 4, false, false, true, 9, PlanarScorer::mma},
+                      // tokens as the product's rows (16 per product)
+                      ScoreCase{"planar", 128, 1, true, false, true, 0, PlanarScorer::mma16},
+                      ScoreCase{"planar", 128, 2, false, false, true, 0, PlanarScorer::mma16},
+                      ScoreCase{"planar", 128, 7, false, false, true, 0, PlanarScorer::mma16},
+                      ScoreCase{"planar", 128, 4, false, false, true, 9, PlanarScorer::mma16}));
 
 // The byte-table scorer: every format family it takes, head_dim 64 to 256,
 // query counts that split into passes of 4, 2 and 1, and with gqa=shadowkv's

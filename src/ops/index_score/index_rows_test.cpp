@@ -175,7 +175,8 @@ TEST(ScoreRowsTable, BlocksPerRowKeepEverySlotBusy) {
 
 // The planar scorer's names (ScoreRowsParams::planar_scorer, $KVT_PLANAR_SCORER).
 TEST(ScoreRowsTable, PlanarScorerNamesRoundTripAndUnknownOnesFail) {
-  for (PlanarScorer s : {PlanarScorer::xor_table, PlanarScorer::rotated_table, PlanarScorer::mma}) {
+  for (PlanarScorer s :
+       {PlanarScorer::xor_table, PlanarScorer::rotated_table, PlanarScorer::mma, PlanarScorer::mma16}) {
     EXPECT_EQ(planar_scorer_from_name(planar_scorer_name(s)), s);
     EXPECT_EQ(planar_scorer_resolved(s), s);
   }

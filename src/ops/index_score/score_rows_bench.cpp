@@ -6,14 +6,15 @@
 // table_blocks_per_row's choice, "wave" the most blocks that fit one wave,
 // max(1, SMs / rows), the rule before it) and each scorer
 // (ScoreRowsParams::planar_scorer: the table layouts xor and rotated, the
-// tensor-core mma, whose "auto" blocks its launch picks by its occupancy):
+// tensor-core mma and mma16, whose "auto" blocks their launches pick by
+// their occupancy):
 // the median and minimum of CUDA-event
 // timings with the L2 flushed before each (a step's 32 layers read 32
 // different indexes), µs per sequence, and the codes' read rate. Speed
 // belongs here, not in the tests; index_rows_cuda_test checks the scores.
 //
 // usage: kvt_score_bench [--tokens 131072] [--batch 1,6,12,20] [--blocks auto,wave,4]
-//            [--table xor,rotated,mma] [--reps 20] [--json out.json]
+//            [--table xor,rotated,mma,mma16] [--reps 20] [--json out.json]
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -154,7 +155,7 @@ int run(const Options& o) {
         p.gqa_scratch = gqa.data();
         const int64_t rows = int64_t(b) * kKvHeads;
         const int n_sm = device_info().n_sm;
-        const bool mma = sc == PlanarScorer::mma;
+        const bool mma = sc == PlanarScorer::mma || sc == PlanarScorer::mma16;
         const int chosen = bpr > 0   ? bpr
                            : bpr < 0 ? int(std::max<int64_t>(1, n_sm / rows))
                            : mma     ? 0

@@ -20,6 +20,8 @@
 //    PlanarScorer::mma (the default; see higgs2_mma_kernel): the codes
 //    decoded to the grid's fp16 points and multiplied by the queries on the
 //    tensor cores, the codes streamed through a cp.async ring per warp.
+//    PlanarScorer::mma16 (higgs2_mma16_kernel): the same products with the
+//    tokens as the product's rows, 16 per product, in fewer instructions.
 //  * records whose codes fill whole bytes (higgs4/2/1/0.5, 1bit, int1/2/4/8)
 //    and residual landmarks of them: the byte-table kernel of
 //    score_lut_cuda.cu, the same idea over any such format;
@@ -389,6 +391,190 @@ __global__ void __launch_bounds__(kMmaThreads, 2) higgs2_mma_kernel(ScoreRowsPar
   }
 }
 
+// PlanarScorer::mma16, the roles of higgs2_mma_kernel turned: A (16 × 16)
+// holds 16 tokens' grid points, B (16 × 8) the queries, column 2i query i's
+// high part and 2i + 1 its low part. Lane (gr, x) then ends with query x's
+// two partial sums of tokens gr and gr + 8: a product serves 16 tokens
+// instead of 8 with the same shared-memory reads. The k order is
+// higgs2_mma_kernel's: in step kk lane x owns group 8x + kk, its A
+// registers are the points of that group in tokens gr and gr + 8.
+// Per span this kernel also spends fewer instructions: spans of 64 tokens,
+// double-buffered (the next span's cp.async issued before the current one
+// is scored), the scales read straight into registers one span ahead, every
+// address a per-lane base plus a constant; ≤ 80 registers and 64 KB of
+// shared memory, three blocks per SM. Both kernels are bound by the SM's
+// L1/shared-memory pipe (ncu, H100, batch 9 at 128K: 88–89 % of its
+// throughput; each token reads 256 bytes of grid points from shared memory
+// against 34 bytes of codes and scale from HBM); this one takes 0.89× the
+// time (bench/results/gpu/batch/README.md, run12).
+constexpr int k16Threads = 256;
+constexpr int k16Span = 64;                  // a warp's tokens per iteration
+constexpr int k16StageBytes = k16Span * 32;  // codes
+constexpr size_t k16Smem = size_t(256) * kGridCopies * 8 + size_t(k16Threads / 32) * 2 * k16StageBytes;
+
+__global__ void __launch_bounds__(k16Threads, 3) higgs2_mma16_kernel(ScoreRowsParams p, int q0, int nq,
+                                                                     const float* __restrict__ q,
+                                                                     const uint8_t* const* __restrict__ codes_rows,
+                                                                     const uint8_t* const* __restrict__ scale_rows,
+                                                                     const StepRanges* __restrict__ ranges,
+                                                                     const float* __restrict__ grid,
+                                                                     float* __restrict__ scores) {
+  constexpr int kT = k16Span / 16;  // tiles per span
+  extern __shared__ __align__(16) uint8_t mma_smem[];
+  uint2* g16 = reinterpret_cast<uint2*>(mma_smem);  // [code][copy]: the point's 4 dims as two half2
+  const int64_t row = blockIdx.y;
+  const Range rg = score_range(p, ranges[row / p.n_kv_head]);
+  const GqaPartials gp = p.gqa_scratch ? gqa_partials(p.gqa_scratch, int64_t(gridDim.y) * p.n_q)
+                                       : GqaPartials{nullptr, nullptr};
+  if (int64_t(blockIdx.x) * (k16Threads / 32) * k16Span >= rg.n) {  // no token for this block
+    if (gp.part && threadIdx.x < nq) put_partial(gp, row * p.n_q + q0 + threadIdx.x, -INFINITY, 0.f);
+    return;
+  }
+  for (int e = threadIdx.x; e < 256 * kGridCopies; e += k16Threads) {
+    const float4 g = __ldg(reinterpret_cast<const float4*>(grid) + e / kGridCopies);
+    g16[e] = make_uint2(half2_bits(g.x, g.y), half2_bits(g.z, g.w));
+  }
+  const int lane = threadIdx.x & 31, gr = lane >> 2, xc = lane & 3;
+  const bool has_q = xc < nq;  // this lane's outputs are query xc's
+  uint32_t b[8][2];            // B: query gr / 2's high (even gr) or low part, dims 4(8xc + kk) ..
+  {
+    const int bq = gr >> 1;
+    const bool in = bq < nq;
+    const float* qr = q + ((row * p.n_q) + q0 + (in ? bq : 0)) * 128;
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (in) v = *reinterpret_cast<const float4*>(qr + 4 * (8 * xc + kk));
+      v.x *= p.scale, v.y *= p.scale, v.z *= p.scale, v.w *= p.scale;  // the scores' scale, folded in
+      const float4 hi = make_float4(__half2float(__float2half_rn(v.x)), __half2float(__float2half_rn(v.y)),
+                                    __half2float(__float2half_rn(v.z)), __half2float(__float2half_rn(v.w)));
+      const bool lo = gr & 1;
+      b[kk][0] = lo ? half2_bits(v.x - hi.x, v.y - hi.y) : half2_bits(hi.x, hi.y);  // k 2x, 2x+1
+      b[kk][1] = lo ? half2_bits(v.z - hi.z, v.w - hi.w) : half2_bits(hi.z, hi.w);  // k 2x+8, 2x+9
+    }
+  }
+  __syncthreads();
+  // Token offsets are 32-bit (a row holds < 2^30 tokens, launch_planar_mma16).
+  const int n = int(rg.n);
+  const uint8_t* codes = codes_rows[row] + rg.c0 * 32;
+  const uint16_t* scales = reinterpret_cast<const uint16_t*>(scale_rows[row]) + rg.c0;
+  float* out = scores + (row * p.n_q + q0 + (has_q ? xc : 0)) * p.out_stride + gr;
+  const uint32_t gcopy = uint32_t(__cvta_generic_to_shared(g16)) + uint32_t(lane & (kGridCopies - 1)) * 8u;
+  const int warp = int(threadIdx.x >> 5);
+  const uint32_t ring = uint32_t(__cvta_generic_to_shared(mma_smem)) + 256u * kGridCopies * 8u +
+                        uint32_t(warp * 2 * k16StageBytes);
+  const int step = int(gridDim.x) * (k16Threads / 32) * k16Span;
+  // Span w → stage st: lane l copies 16-byte pieces l, l + 32, l + 64, l + 96
+  // (token w + piece / 2), zero-filled past the row's end.
+  auto issue = [&](int w, uint32_t st) {
+    const uint32_t dst = ring + st * k16StageBytes + uint32_t(lane) * 16u;
+    const uint8_t* src = codes + int64_t(w) * 32 + lane * 16;
+    if (w + k16Span <= n) {
+#pragma unroll
+      for (int i = 0; i < kT; ++i) cp_async16(dst + i * 512, src + i * 512, 16);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kT; ++i) {
+        const bool in = w + 16 * i + (lane >> 1) < n;
+        cp_async16(dst + i * 512, in ? src + i * 512 : codes, in ? 16 : 0);
+      }
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  };
+  // Span w's bf16 scales of this lane's tokens w + 16u + gr (low half of
+  // sc[u]) and w + 16u + 8 + gr (high half); 0 past the row's end.
+  auto load_scales = [&](int w, uint32_t (&sc)[kT]) {
+    const uint16_t* s = scales + w + gr;
+    if (w + k16Span <= n) {
+#pragma unroll
+      for (int u = 0; u < kT; ++u) sc[u] = uint32_t(__ldg(s + 16 * u)) | (uint32_t(__ldg(s + 16 * u + 8)) << 16);
+    } else {
+#pragma unroll
+      for (int u = 0; u < kT; ++u) {
+        const int t = w + 16 * u + gr;
+        sc[u] = (t < n ? uint32_t(__ldg(s + 16 * u)) : 0u) | (t + 8 < n ? uint32_t(__ldg(s + 16 * u + 8)) << 16 : 0u);
+      }
+    }
+  };
+  float lm = -INFINITY, ls = 0.f;  // softmax partials of query xc over this lane's tokens
+  int w0 = (int(blockIdx.x) * (k16Threads / 32) + warp) * k16Span;
+  uint32_t sc_next[kT];
+  issue(w0, 0);
+  load_scales(w0, sc_next);
+  const uint32_t code_lane = uint32_t(gr * 32 + 8 * xc);
+  for (uint32_t st = 0; w0 < n; w0 += step, st ^= 1u) {
+    uint32_t sc[kT];
+#pragma unroll
+    for (int u = 0; u < kT; ++u) sc[u] = sc_next[u];
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    __syncwarp();  // the span has landed for every lane; the other stage is read
+    if (w0 + step < n) {
+      issue(w0 + step, st ^ 1u);
+      load_scales(w0 + step, sc_next);
+    }
+    const uint32_t base = ring + st * k16StageBytes + code_lane;
+    float v[2 * kT];  // query xc's scores of tokens w0 + 8i + gr
+#pragma unroll
+    for (int u = 0; u < kT; ++u) {
+      uint32_t cx0, cy0, cx1, cy1;  // code bytes 8xc .. 8xc + 7 of tokens w0 + 16u + gr, + 8
+      asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(cx0), "=r"(cy0) : "r"(base + 512 * u));
+      asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(cx1), "=r"(cy1) : "r"(base + 512 * u + 256));
+      float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        const uint32_t sel = 0x4440u | uint32_t(kk & 3);
+        const uint32_t at0 = gcopy + __byte_perm(kk < 4 ? cx0 : cy0, 0, sel) * (kGridCopies * 8u);
+        const uint32_t at1 = gcopy + __byte_perm(kk < 4 ? cx1 : cy1, 0, sel) * (kGridCopies * 8u);
+        uint32_t a[4];  // token gr's k 2x, 2x+1; token gr + 8's; token gr's k 2x+8, 2x+9; token gr + 8's
+        asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(a[0]), "=r"(a[2]) : "r"(at0));
+        asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(a[1]), "=r"(a[3]) : "r"(at1));
+        mma_16816(d, a, b[kk][0], b[kk][1]);
+      }
+      // d[0] + d[1]: query xc's score of token gr (high + low part); d[2] + d[3] of token gr + 8.
+      v[2 * u] = __uint_as_float(sc[u] << 16) * (d[0] + d[1]);
+      v[2 * u + 1] = __uint_as_float(sc[u] & 0xffff0000u) * (d[2] + d[3]);
+    }
+    if (!has_q) continue;
+    float* op = out + w0;
+    if (w0 + k16Span <= n) {
+#pragma unroll
+      for (int i = 0; i < 2 * kT; ++i) op[8 * i] = v[i];
+    } else {
+#pragma unroll
+      for (int i = 0; i < 2 * kT; ++i) {
+        if (w0 + 8 * i + gr < n) op[8 * i] = v[i];
+        else v[i] = -INFINITY;
+      }
+    }
+    if (gp.part) {  // one rescale per span: max, then the sum of e^(v − max)
+      float mx = lm;
+#pragma unroll
+      for (int i = 0; i < 2 * kT; ++i) mx = fmaxf(mx, v[i]);
+      if (mx == -INFINITY) continue;  // none of this lane's tokens in the row's last span
+      const float l2e = 1.4426950408889634f, off = -mx * l2e;
+      float sum = ls * ex2_ftz(fmaf(lm, l2e, off));
+#pragma unroll
+      for (int i = 0; i < 2 * kT; ++i) sum += ex2_ftz(fmaf(v[i], l2e, off));
+      lm = mx, ls = sum;
+    }
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");  // nothing in flight at exit
+  if (!gp.part) return;
+  // Lanes x, x + 4, .., x + 28 hold query x's partials: combine them, then the warps'.
+  for (int off = 4; off <= 16; off <<= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, lm, off), s2 = __shfl_xor_sync(0xffffffffu, ls, off);
+    lse_combine(lm, ls, m2, s2);
+  }
+  __shared__ float2 red[k16Threads / 32][4];
+  if (gr == 0) red[warp][xc] = make_float2(lm, ls);
+  __syncthreads();
+  if (threadIdx.x < nq) {
+    float m = -INFINITY, sum = 0.f;
+    for (int w = 0; w < k16Threads / 32; ++w) lse_combine(m, sum, red[w][threadIdx.x].x, red[w][threadIdx.x].y);
+    put_partial(gp, row * p.n_q + q0 + threadIdx.x, m, sum);
+  }
+}
+
 __device__ __forceinline__ void unpack16(const uint4& raw, float* v, bool fp8) {
   if (fp8) {
     const uint8_t* b = reinterpret_cast<const uint8_t*>(&raw);
@@ -625,6 +811,26 @@ void launch_planar_mma(const Exec& x, const ScoreRowsParams& p, int q0, int nq, 
   KVT_CUDA_LAUNCH_CHECK("higgs2_mma_kernel");
 }
 
+// PlanarScorer::mma16 over queries [q0, q0 + nq) of every row, nq ≤ 4.
+void launch_planar_mma16(const Exec& x, const ScoreRowsParams& p, int q0, int nq, const float* q,
+                         const uint8_t* const* plane0, const uint8_t* const* plane1, const StepRanges* ranges,
+                         float* scores) {
+  const int64_t n_rows = int64_t(p.n_seq) * p.n_kv_head;
+  KVT_CHECK(p.out_stride < (int64_t(1) << 30), "score_rows: rows of {} tokens exceed the planar scorer's int32 offsets",
+            p.out_stride);
+  static const int per_sm = [] {
+    int n = 0;
+    KVT_CUDA_CHECK(
+        cudaFuncSetAttribute(higgs2_mma16_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(k16Smem)));
+    KVT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, higgs2_mma16_kernel, k16Threads, k16Smem));
+    return std::max(1, n);
+  }();
+  const unsigned bx = planar_blocks_per_row(p, n_rows, per_sm, 256);
+  higgs2_mma16_kernel<<<dim3(bx, unsigned(n_rows)), k16Threads, k16Smem, st(x)>>>(p, q0, nq, q, plane0, plane1,
+                                                                                ranges, p.fmt.grid, scores);
+  KVT_CUDA_LAUNCH_CHECK("higgs2_mma16_kernel");
+}
+
 template <bool ROT>
 void score_planar(const Exec& x, const ScoreRowsParams& p, const float* q, const uint8_t* const* plane0,
                   const uint8_t* const* plane1, const StepRanges* ranges, float* scores) {
@@ -654,6 +860,10 @@ void score_rows(const Exec& x, const ScoreRowsParams& p, const float* q, const u
       case PlanarScorer::mma:
         for (int q0 = 0; q0 < p.n_q; q0 += 4)
           launch_planar_mma(x, p, q0, std::min(4, p.n_q - q0), q, plane0, plane1, ranges, scores);
+        break;
+      case PlanarScorer::mma16:
+        for (int q0 = 0; q0 < p.n_q; q0 += 4)
+          launch_planar_mma16(x, p, q0, std::min(4, p.n_q - q0), q, plane0, plane1, ranges, scores);
         break;
       default: score_planar<true>(x, p, q, plane0, plane1, ranges, scores);
     }
