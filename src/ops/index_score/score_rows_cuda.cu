@@ -241,6 +241,80 @@ __device__ __forceinline__ float ex2_ftz(float x) {
   return y;
 }
 
+// Dims 4(8x + kk) .. 4(8x + kk) + 3 of query qr (zeros when !in), times the
+// scores' scale, as fp16 pairs: {high parts of dims 0–1, the low parts they
+// leave, high parts of dims 2–3, their low parts} (the queries keep 22 bits).
+__device__ __forceinline__ uint4 query_group_parts(const float* qr, bool in, int x, int kk, float scale) {
+  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (in) v = *reinterpret_cast<const float4*>(qr + 4 * (8 * x + kk));
+  v.x *= scale, v.y *= scale, v.z *= scale, v.w *= scale;
+  const float4 hi = make_float4(__half2float(__float2half_rn(v.x)), __half2float(__float2half_rn(v.y)),
+                                __half2float(__float2half_rn(v.z)), __half2float(__float2half_rn(v.w)));
+  return make_uint4(half2_bits(hi.x, hi.y), half2_bits(v.x - hi.x, v.y - hi.y), half2_bits(hi.z, hi.w),
+                    half2_bits(v.z - hi.z, v.w - hi.w));
+}
+
+// The tensor-core scorers' start (THREADS threads, SPAN tokens a warp at a
+// time): the row's range and softmax-partials scratch; false for a block
+// with no token (its partials left empty); else the grid's fp16 points in
+// shared memory, copy r of code c at g16[c · kGridCopies + r] (the caller
+// syncs before reading them).
+template <int THREADS, int SPAN>
+__device__ __forceinline__ bool mma_scorer_start(const ScoreRowsParams& p, int q0, int nq,
+                                                 const StepRanges* __restrict__ ranges, const float* __restrict__ grid,
+                                                 uint2* g16, Range& rg, GqaPartials& gp) {
+  const int64_t row = blockIdx.y;
+  rg = score_range(p, ranges[row / p.n_kv_head]);
+  gp = p.gqa_scratch ? gqa_partials(p.gqa_scratch, int64_t(gridDim.y) * p.n_q) : GqaPartials{nullptr, nullptr};
+  if (int64_t(blockIdx.x) * (THREADS / 32) * SPAN >= rg.n) {  // no token for this block
+    if (gp.part && int(threadIdx.x) < nq) put_partial(gp, row * p.n_q + q0 + threadIdx.x, -INFINITY, 0.f);
+    return false;
+  }
+  for (int e = threadIdx.x; e < 256 * kGridCopies; e += THREADS) {
+    const float4 g = __ldg(reinterpret_cast<const float4*>(grid) + e / kGridCopies);
+    g16[e] = make_uint2(half2_bits(g.x, g.y), half2_bits(g.z, g.w));
+  }
+  return true;
+}
+
+// One rescale of a lane's running softmax partials (lm, ls) by a span's
+// scores (−inf for tokens past the row): their max, then the sum of
+// e^(v − max); nothing while every value so far is −inf.
+template <int N>
+__device__ __forceinline__ void span_partials(float& lm, float& ls, const float (&v)[N]) {
+  float mx = lm;
+#pragma unroll
+  for (int i = 0; i < N; ++i) mx = fmaxf(mx, v[i]);
+  if (mx == -INFINITY) return;
+  const float l2e = 1.4426950408889634f, off = -mx * l2e;
+  float sum = ls * ex2_ftz(fmaf(lm, l2e, off));
+#pragma unroll
+  for (int i = 0; i < N; ++i) sum += ex2_ftz(fmaf(v[i], l2e, off));
+  lm = mx, ls = sum;
+}
+
+// A tensor-core scorer block's softmax partials of queries rq0 .. rq0 + nq − 1
+// (nq ≤ 4) from its lanes' (lm, ls): the lanes that share a query combine
+// theirs by shuffles over the XOR offsets off_lo .. off_hi, then the lane
+// with `writes` puts its query q's pair in shared memory and the warps'
+// pairs are combined.
+template <int THREADS>
+__device__ __forceinline__ void mma_block_partials(const GqaPartials& gp, int64_t rq0, int nq, float lm, float ls,
+                                                   int off_lo, int off_hi, bool writes, int q) {
+  for (int off = off_lo; off <= off_hi; off <<= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, lm, off), s2 = __shfl_xor_sync(0xffffffffu, ls, off);
+    lse_combine(lm, ls, m2, s2);
+  }
+  __shared__ float2 red[THREADS / 32][4];
+  if (writes) red[threadIdx.x >> 5][q] = make_float2(lm, ls);
+  __syncthreads();
+  if (int(threadIdx.x) < nq) {
+    float m = -INFINITY, sum = 0.f;
+    for (int w = 0; w < THREADS / 32; ++w) lse_combine(m, sum, red[w][threadIdx.x].x, red[w][threadIdx.x].y);
+    put_partial(gp, rq0 + threadIdx.x, m, sum);
+  }
+}
+
 // Scores queries [q0, q0 + nq) of each row, nq ≤ 4.
 __global__ void __launch_bounds__(kMmaThreads, 2) higgs2_mma_kernel(ScoreRowsParams p, int q0, int nq,
                                                                    const float* __restrict__ q,
@@ -253,33 +327,21 @@ __global__ void __launch_bounds__(kMmaThreads, 2) higgs2_mma_kernel(ScoreRowsPar
   uint2* g16 = reinterpret_cast<uint2*>(mma_smem);  // [code][copy]: the point's 4 dims as two half2
   constexpr int kSpan = kMmaSpan;
   const int64_t row = blockIdx.y;
-  const Range rg = score_range(p, ranges[row / p.n_kv_head]);
-  const GqaPartials gp = p.gqa_scratch ? gqa_partials(p.gqa_scratch, int64_t(gridDim.y) * p.n_q)
-                                       : GqaPartials{nullptr, nullptr};
-  if (int64_t(blockIdx.x) * (kMmaThreads / 32) * kSpan >= rg.n) {  // no token for this block
-    if (gp.part && threadIdx.x < nq) put_partial(gp, row * p.n_q + q0 + threadIdx.x, -INFINITY, 0.f);
-    return;
-  }
-  for (int e = threadIdx.x; e < 256 * kGridCopies; e += kMmaThreads) {
-    const float4 g = __ldg(reinterpret_cast<const float4*>(grid) + e / kGridCopies);
-    g16[e] = make_uint2(half2_bits(g.x, g.y), half2_bits(g.z, g.w));
-  }
+  Range rg;
+  GqaPartials gp;
+  if (!mma_scorer_start<kMmaThreads, kSpan>(p, q0, nq, ranges, grid, g16, rg, gp)) return;
   const int lane = threadIdx.x & 31, gr = lane >> 2, xc = lane & 3;
   const bool has_q = gr < nq;  // this lane's A rows gr (high) and gr + 8 (low) hold query gr
   uint32_t a[8][4];
   {
     const float* qr = q + ((row * p.n_q) + q0 + (has_q ? gr : 0)) * 128;
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (has_q) v = *reinterpret_cast<const float4*>(qr + 4 * (8 * xc + kk));
-      v.x *= p.scale, v.y *= p.scale, v.z *= p.scale, v.w *= p.scale;  // the scores' scale, folded in
-      const float4 hi = make_float4(__half2float(__float2half_rn(v.x)), __half2float(__float2half_rn(v.y)),
-                                    __half2float(__float2half_rn(v.z)), __half2float(__float2half_rn(v.w)));
-      a[kk][0] = half2_bits(hi.x, hi.y);                      // row gr, k 2x, 2x+1
-      a[kk][1] = half2_bits(v.x - hi.x, v.y - hi.y);          // row gr + 8
-      a[kk][2] = half2_bits(hi.z, hi.w);                      // row gr, k 2x+8, 2x+9
-      a[kk][3] = half2_bits(v.z - hi.z, v.w - hi.w);          // row gr + 8
+    for (int kk = 0; kk < 8; ++kk) {  // the scores' scale folded in
+      const uint4 h = query_group_parts(qr, has_q, xc, kk, p.scale);
+      a[kk][0] = h.x;  // row gr, k 2x, 2x+1
+      a[kk][1] = h.y;  // row gr + 8
+      a[kk][2] = h.z;  // row gr, k 2x+8, 2x+9
+      a[kk][3] = h.w;  // row gr + 8
     }
   }
   __syncthreads();
@@ -362,33 +424,12 @@ __global__ void __launch_bounds__(kMmaThreads, 2) higgs2_mma_kernel(ScoreRowsPar
       if (full || w0 + 2 * xc + t < n) op[t] = v[i];
       else v[i] = -INFINITY;
     }
-    if (gp.part) {  // one rescale per span: max, then the sum of e^(v − max)
-      float mx = lm;
-#pragma unroll
-      for (int i = 0; i < 2 * kMmaTiles; ++i) mx = fmaxf(mx, v[i]);
-      if (mx == -INFINITY) continue;  // none of this lane's tokens in the row's last span
-      const float l2e = 1.4426950408889634f, off = -mx * l2e;
-      float sum = ls * ex2_ftz(fmaf(lm, l2e, off));
-#pragma unroll
-      for (int i = 0; i < 2 * kMmaTiles; ++i) sum += ex2_ftz(fmaf(v[i], l2e, off));
-      lm = mx, ls = sum;
-    }
+    if (gp.part) span_partials(lm, ls, v);  // one rescale per span
   }
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");  // nothing in flight at exit
   if (!gp.part) return;
-  // Lanes 4g .. 4g + 3 hold query g's partials: combine them, then the warps'.
-  for (int off = 1; off <= 2; off <<= 1) {
-    const float m2 = __shfl_xor_sync(0xffffffffu, lm, off), s2 = __shfl_xor_sync(0xffffffffu, ls, off);
-    lse_combine(lm, ls, m2, s2);
-  }
-  __shared__ float2 red[kMmaThreads / 32][4];
-  if (xc == 0 && gr < 4) red[threadIdx.x >> 5][gr] = make_float2(lm, ls);
-  __syncthreads();
-  if (threadIdx.x < nq) {
-    float m = -INFINITY, sum = 0.f;
-    for (int w = 0; w < kMmaThreads / 32; ++w) lse_combine(m, sum, red[w][threadIdx.x].x, red[w][threadIdx.x].y);
-    put_partial(gp, row * p.n_q + q0 + threadIdx.x, m, sum);
-  }
+  // Lanes 4g .. 4g + 3 hold query g's partials.
+  mma_block_partials<kMmaThreads>(gp, row * p.n_q + q0, nq, lm, ls, 1, 2, xc == 0 && gr < 4, gr);
 }
 
 // PlanarScorer::mma16, the roles of higgs2_mma_kernel turned: A (16 × 16)
@@ -423,17 +464,9 @@ __global__ void __launch_bounds__(k16Threads, 3) higgs2_mma16_kernel(ScoreRowsPa
   extern __shared__ __align__(16) uint8_t mma_smem[];
   uint2* g16 = reinterpret_cast<uint2*>(mma_smem);  // [code][copy]: the point's 4 dims as two half2
   const int64_t row = blockIdx.y;
-  const Range rg = score_range(p, ranges[row / p.n_kv_head]);
-  const GqaPartials gp = p.gqa_scratch ? gqa_partials(p.gqa_scratch, int64_t(gridDim.y) * p.n_q)
-                                       : GqaPartials{nullptr, nullptr};
-  if (int64_t(blockIdx.x) * (k16Threads / 32) * k16Span >= rg.n) {  // no token for this block
-    if (gp.part && threadIdx.x < nq) put_partial(gp, row * p.n_q + q0 + threadIdx.x, -INFINITY, 0.f);
-    return;
-  }
-  for (int e = threadIdx.x; e < 256 * kGridCopies; e += k16Threads) {
-    const float4 g = __ldg(reinterpret_cast<const float4*>(grid) + e / kGridCopies);
-    g16[e] = make_uint2(half2_bits(g.x, g.y), half2_bits(g.z, g.w));
-  }
+  Range rg;
+  GqaPartials gp;
+  if (!mma_scorer_start<k16Threads, k16Span>(p, q0, nq, ranges, grid, g16, rg, gp)) return;
   const int lane = threadIdx.x & 31, gr = lane >> 2, xc = lane & 3;
   const bool has_q = xc < nq;  // this lane's outputs are query xc's
   uint32_t b[8][2];            // B: query gr / 2's high (even gr) or low part, dims 4(8xc + kk) ..
@@ -442,15 +475,11 @@ __global__ void __launch_bounds__(k16Threads, 3) higgs2_mma16_kernel(ScoreRowsPa
     const bool in = bq < nq;
     const float* qr = q + ((row * p.n_q) + q0 + (in ? bq : 0)) * 128;
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (in) v = *reinterpret_cast<const float4*>(qr + 4 * (8 * xc + kk));
-      v.x *= p.scale, v.y *= p.scale, v.z *= p.scale, v.w *= p.scale;  // the scores' scale, folded in
-      const float4 hi = make_float4(__half2float(__float2half_rn(v.x)), __half2float(__float2half_rn(v.y)),
-                                    __half2float(__float2half_rn(v.z)), __half2float(__float2half_rn(v.w)));
+    for (int kk = 0; kk < 8; ++kk) {  // the scores' scale folded in
+      const uint4 h = query_group_parts(qr, in, xc, kk, p.scale);
       const bool lo = gr & 1;
-      b[kk][0] = lo ? half2_bits(v.x - hi.x, v.y - hi.y) : half2_bits(hi.x, hi.y);  // k 2x, 2x+1
-      b[kk][1] = lo ? half2_bits(v.z - hi.z, v.w - hi.w) : half2_bits(hi.z, hi.w);  // k 2x+8, 2x+9
+      b[kk][0] = lo ? h.y : h.x;  // k 2x, 2x+1
+      b[kk][1] = lo ? h.w : h.z;  // k 2x+8, 2x+9
     }
   }
   __syncthreads();
@@ -546,33 +575,12 @@ __global__ void __launch_bounds__(k16Threads, 3) higgs2_mma16_kernel(ScoreRowsPa
         else v[i] = -INFINITY;
       }
     }
-    if (gp.part) {  // one rescale per span: max, then the sum of e^(v − max)
-      float mx = lm;
-#pragma unroll
-      for (int i = 0; i < 2 * kT; ++i) mx = fmaxf(mx, v[i]);
-      if (mx == -INFINITY) continue;  // none of this lane's tokens in the row's last span
-      const float l2e = 1.4426950408889634f, off = -mx * l2e;
-      float sum = ls * ex2_ftz(fmaf(lm, l2e, off));
-#pragma unroll
-      for (int i = 0; i < 2 * kT; ++i) sum += ex2_ftz(fmaf(v[i], l2e, off));
-      lm = mx, ls = sum;
-    }
+    if (gp.part) span_partials(lm, ls, v);  // one rescale per span
   }
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");  // nothing in flight at exit
   if (!gp.part) return;
-  // Lanes x, x + 4, .., x + 28 hold query x's partials: combine them, then the warps'.
-  for (int off = 4; off <= 16; off <<= 1) {
-    const float m2 = __shfl_xor_sync(0xffffffffu, lm, off), s2 = __shfl_xor_sync(0xffffffffu, ls, off);
-    lse_combine(lm, ls, m2, s2);
-  }
-  __shared__ float2 red[k16Threads / 32][4];
-  if (gr == 0) red[warp][xc] = make_float2(lm, ls);
-  __syncthreads();
-  if (threadIdx.x < nq) {
-    float m = -INFINITY, sum = 0.f;
-    for (int w = 0; w < k16Threads / 32; ++w) lse_combine(m, sum, red[w][threadIdx.x].x, red[w][threadIdx.x].y);
-    put_partial(gp, row * p.n_q + q0 + threadIdx.x, m, sum);
-  }
+  // Lanes x, x + 4, .., x + 28 hold query x's partials.
+  mma_block_partials<k16Threads>(gp, row * p.n_q + q0, nq, lm, ls, 4, 16, gr == 0, xc);
 }
 
 __device__ __forceinline__ void unpack16(const uint4& raw, float* v, bool fp8) {
@@ -791,44 +799,26 @@ void launch_planar(const Exec& x, const ScoreRowsParams& p, int q0, const float*
   KVT_CUDA_LAUNCH_CHECK("higgs2_rows_kernel");
 }
 
-// The tensor-core scorer over queries [q0, q0 + nq) of every row, nq ≤ 4.
+// A tensor-core scorer (higgs2_mma_kernel, higgs2_mma16_kernel: THREADS
+// threads and SMEM bytes of shared memory a block) over queries
+// [q0, q0 + nq) of every row, nq ≤ 4.
+template <auto KERNEL, int THREADS, size_t SMEM>
 void launch_planar_mma(const Exec& x, const ScoreRowsParams& p, int q0, int nq, const float* q,
                        const uint8_t* const* plane0, const uint8_t* const* plane1, const StepRanges* ranges,
-                       float* scores) {
+                       float* scores, const char* name) {
   const int64_t n_rows = int64_t(p.n_seq) * p.n_kv_head;
   KVT_CHECK(p.out_stride < (int64_t(1) << 30), "score_rows: rows of {} tokens exceed the planar scorer's int32 offsets",
             p.out_stride);
   static const int per_sm = [] {
     int n = 0;
-    KVT_CUDA_CHECK(
-        cudaFuncSetAttribute(higgs2_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMmaSmem)));
-    KVT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, higgs2_mma_kernel, kMmaThreads, kMmaSmem));
+    KVT_CUDA_CHECK(cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, int(SMEM)));
+    KVT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, KERNEL, THREADS, SMEM));
     return std::max(1, n);
   }();
   const unsigned bx = planar_blocks_per_row(p, n_rows, per_sm, 256);
-  higgs2_mma_kernel<<<dim3(bx, unsigned(n_rows)), kMmaThreads, kMmaSmem, st(x)>>>(p, q0, nq, q, plane0, plane1, ranges,
-                                                                          p.fmt.grid, scores);
-  KVT_CUDA_LAUNCH_CHECK("higgs2_mma_kernel");
-}
-
-// PlanarScorer::mma16 over queries [q0, q0 + nq) of every row, nq ≤ 4.
-void launch_planar_mma16(const Exec& x, const ScoreRowsParams& p, int q0, int nq, const float* q,
-                         const uint8_t* const* plane0, const uint8_t* const* plane1, const StepRanges* ranges,
-                         float* scores) {
-  const int64_t n_rows = int64_t(p.n_seq) * p.n_kv_head;
-  KVT_CHECK(p.out_stride < (int64_t(1) << 30), "score_rows: rows of {} tokens exceed the planar scorer's int32 offsets",
-            p.out_stride);
-  static const int per_sm = [] {
-    int n = 0;
-    KVT_CUDA_CHECK(
-        cudaFuncSetAttribute(higgs2_mma16_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(k16Smem)));
-    KVT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, higgs2_mma16_kernel, k16Threads, k16Smem));
-    return std::max(1, n);
-  }();
-  const unsigned bx = planar_blocks_per_row(p, n_rows, per_sm, 256);
-  higgs2_mma16_kernel<<<dim3(bx, unsigned(n_rows)), k16Threads, k16Smem, st(x)>>>(p, q0, nq, q, plane0, plane1,
-                                                                                ranges, p.fmt.grid, scores);
-  KVT_CUDA_LAUNCH_CHECK("higgs2_mma16_kernel");
+  KERNEL<<<dim3(bx, unsigned(n_rows)), THREADS, SMEM, st(x)>>>(p, q0, nq, q, plane0, plane1, ranges, p.fmt.grid,
+                                                              scores);
+  check(cudaGetLastError(), name, __FILE__, __LINE__);  // KVT_CUDA_LAUNCH_CHECK with the name a pointer
 }
 
 template <bool ROT>
@@ -859,11 +849,13 @@ void score_rows(const Exec& x, const ScoreRowsParams& p, const float* q, const u
       case PlanarScorer::xor_table: score_planar<false>(x, p, q, plane0, plane1, ranges, scores); break;
       case PlanarScorer::mma:
         for (int q0 = 0; q0 < p.n_q; q0 += 4)
-          launch_planar_mma(x, p, q0, std::min(4, p.n_q - q0), q, plane0, plane1, ranges, scores);
+          launch_planar_mma<higgs2_mma_kernel, kMmaThreads, kMmaSmem>(x, p, q0, std::min(4, p.n_q - q0), q, plane0,
+                                                                       plane1, ranges, scores, "launch of higgs2_mma_kernel");
         break;
       case PlanarScorer::mma16:
         for (int q0 = 0; q0 < p.n_q; q0 += 4)
-          launch_planar_mma16(x, p, q0, std::min(4, p.n_q - q0), q, plane0, plane1, ranges, scores);
+          launch_planar_mma<higgs2_mma16_kernel, k16Threads, k16Smem>(x, p, q0, std::min(4, p.n_q - q0), q, plane0,
+                                                                       plane1, ranges, scores, "launch of higgs2_mma16_kernel");
         break;
       default: score_planar<true>(x, p, q, plane0, plane1, ranges, scores);
     }
