@@ -6,6 +6,7 @@
 #include "backend/stage_clock.h"
 #include "core/status.h"
 #include "ops/decode_attn/decode_attn.h"
+#include "ops/decode_attn/record_attn.h"
 #include "ops/kv_append/kv_write.h"
 
 namespace kvtier {
@@ -48,7 +49,7 @@ void DecodeBatch::build_tables() {
   }
   n_res_slots_ = int(seqs_[0]->resident_slots());
   n_out_ = plan_.n_outlier_tok / plan_.chunk;
-  n_split_ = decode_attn_splits(x_, R, kmax_tok_, 128);
+  n_split_ = plan_.in_place ? record_attn_splits(x_, R, kmax_tok_) : decode_attn_splits(x_, R, kmax_tok_, 128);
   // Row tables, every layer.
   const size_t per_layer = size_t(kRowTables) * R + size_t(kSeqTables) * B;
   host_tables_.assign(per_layer * L, 0);

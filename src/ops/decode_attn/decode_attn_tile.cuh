@@ -50,12 +50,9 @@ __device__ __forceinline__ void online_softmax(float (&s)[2][4], float (&m_row)[
   }
 }
 
-// O += P·V for the tile: P (the probabilities above, as A fragments) split
-// into bf16 hi + lo, which keeps the product at f32 accuracy; V a [16][D]
-// bf16 tile in shared memory, rows swizzled (mma::swz), read transposed.
-template <int D>
-__device__ __forceinline__ void pv(float (&o)[D / 8][4], const float (&s)[2][4], const __nv_bfloat16* v, int lane) {
-  uint32_t hi[4], lo[4];
+// The tile's probabilities as the A fragments of P·V, split into bf16 hi + lo
+// (together they keep the product at f32 accuracy).
+__device__ __forceinline__ void p_fragments(const float (&s)[2][4], uint32_t (&hi)[4], uint32_t (&lo)[4]) {
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     const float x0 = s[e >> 1][(e & 1) * 2], x1 = s[e >> 1][(e & 1) * 2 + 1];
@@ -64,6 +61,15 @@ __device__ __forceinline__ void pv(float (&o)[D / 8][4], const float (&s)[2][4],
     hi[e] = *reinterpret_cast<const uint32_t*>(&h2);
     lo[e] = mma::pack_bf16(x0 - hf.x, x1 - hf.y);
   }
+}
+
+// O += P·V for the tile: P (the probabilities above) as p_fragments; V a
+// [16][D] bf16 tile in shared memory, rows swizzled (mma::swz), read
+// transposed.
+template <int D>
+__device__ __forceinline__ void pv(float (&o)[D / 8][4], const float (&s)[2][4], const __nv_bfloat16* v, int lane) {
+  uint32_t hi[4], lo[4];
+  p_fragments(s, hi, lo);
 #pragma unroll
   for (int dp = 0; dp < D / 16; ++dp) {
     uint32_t b[4];

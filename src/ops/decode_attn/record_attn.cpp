@@ -52,6 +52,13 @@ void decode_attn_records_ref(const RecordAttnParams& p, const float* q, const ui
   decode_attn_ref(d, q, rows.data(), idx.data(), part_out, part_lse);
 }
 
+int record_attn_splits(const Exec& x, int64_t n_rows, int64_t n_tok) {
+#ifdef KVT_CUDA
+  if (x.cuda()) return cuda::record_attn_splits(n_rows, n_tok);
+#endif
+  return decode_attn_splits(x, n_rows, n_tok, kRecordSplitTokens);
+}
+
 void decode_attn_records(const Exec& x, const RecordAttnParams& p, const void* q, const uint8_t* const* host,
                          const int32_t* sel, float* part_out, float* part_lse) {
   KVT_CHECK(record_attn_supported(p.fmt, p.attn.head_dim, p.attn.n_head, p.attn.n_kv_head),

@@ -37,6 +37,13 @@ struct RecordAttnParams {
 // entries holding K then V.
 bool record_attn_supported(const RecordFormat& fmt, int head_dim, int n_head, int n_kv_head);
 
+// decode_attn_records' splits per row (attn.n_split) for n_rows rows of up to
+// n_tok tokens: on CUDA the most that keep its blocks within one wave
+// (three blocks per SM; a second, partial wave would be the tail), at least
+// 128 tokens a split; elsewhere decode_attn_splits'.
+int record_attn_splits(const Exec& x, int64_t n_rows, int64_t n_tok);
+constexpr int64_t kRecordSplitTokens = 128;
+
 // q: [n_seq, n_head, head_dim] (CPU f32, CUDA bf16); host: [n_seq] store
 // bases; sel: [rows, idx_stride] token ids; outputs as decode_attn's.
 void decode_attn_records(const Exec& x, const RecordAttnParams& p, const void* q, const uint8_t* const* host,
@@ -47,6 +54,7 @@ void decode_attn_records_ref(const RecordAttnParams& p, const float* q, const ui
                              float* part_out, float* part_lse);
 
 namespace cuda {
+int record_attn_splits(int64_t n_rows, int64_t n_tok);
 void decode_attn_records(const Exec& x, const RecordAttnParams& p, const void* q_bf16, const uint8_t* const* host,
                          const int32_t* sel, float* part_out, float* part_lse);
 }  // namespace cuda

@@ -8,7 +8,10 @@
 //   one (dim 2i, 2i+1) pair, i.e. one code, looked up in the grid as bf16x2;
 // - each score is scaled by its token's σ_k, each probability by its σ_v
 //   (the softmax sums take it unscaled);
-// - V's codes are looked up into a bf16 tile for ldmatrix.trans;
+// - V's B fragments come from the code bytes too: a lane looks up 8 codes of
+//   each of its 4 tokens and pairs the tokens' halves (the output's dims come
+//   out permuted, undone when it is written);
+// - the grid sits in shared memory once per lane (no bank conflicts);
 // - the merged output is rotated back once (s ⊙ (c·H·o)).
 // A token costs head_dim code bytes and two scales of memory traffic: no
 // decoded K|V is written or read.
@@ -28,11 +31,15 @@ namespace {
 using namespace mma;
 
 constexpr int kWarps = 4, kThreads = kWarps * 32, kTile = 16;
+// Blocks per SM: 168 registers a thread and ~74 KB of shared memory (head_dim
+// 128) fit three. (__launch_bounds__ says 2: asked for 3, ptxas spills.)
+constexpr int kBlocksPerSm = 3;
 // Tiles of entries in flight per warp: the kernel is bound by the latency of
 // its scattered reads (a token is 144 bytes), so each warp keeps kStages − 1
 // tiles coming while it computes one.
 constexpr int kStages = 4;
 constexpr int kGridWords = 256;  // byte codes: grid points as bf16x2
+constexpr int kGridCopies = 32;  // copy l of point c at [c · 32 + l]: lane l's lookups hit bank l
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct Args {
@@ -47,11 +54,11 @@ struct Args {
   unsigned long long* const* counters = nullptr;
 };
 
-// Shared memory before the warps' areas: the grid, then [G][D] f32 for the
-// query's and the output's rotations.
+// Shared memory before the warps' areas: the grid's copies, then [G][D] f32
+// for the query's and the output's rotations.
 template <int D>
 constexpr int head_bytes() {
-  return kGridWords * 4 + 8 * D * 4;
+  return kGridWords * kGridCopies * 4 + 8 * D * 4;
 }
 
 // The unnormalized Hadamard transform of G rows of D floats in shared memory
@@ -73,30 +80,38 @@ __device__ __forceinline__ void hadamard_rows(float* y) {
 
 __device__ __forceinline__ float bf16_bits_f32(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
 
+// Code bytes 4h .. 4h + 3 from shared memory at p (4-byte aligned less
+// sh / 8 bytes), as one word.
+__device__ __forceinline__ uint32_t code_word(const unsigned char* p, int sh, int h) {
+  const auto* w = reinterpret_cast<const uint32_t*>(p - sh / 8) + h;
+  return __funnelshift_r(w[0], w[1], sh);
+}
+
 template <int G, int D>
-__global__ void __launch_bounds__(kThreads, 3)
+__global__ void __launch_bounds__(kThreads, 2)
     record_attn_kernel(Args A, const __nv_bfloat16* __restrict__ q, const uint8_t* const* __restrict__ host,
                        const int32_t* __restrict__ sel, float* __restrict__ part_out, float* __restrict__ part_lse) {
   const DecodeAttnParams& p = A.a;
   extern __shared__ __align__(128) unsigned char smem[];
   uint32_t* grid2 = reinterpret_cast<uint32_t*>(smem);
-  float* rot = reinterpret_cast<float*>(smem + kGridWords * 4);  // [G][D]
+  float* rot = reinterpret_cast<float*>(smem + kGridWords * kGridCopies * 4);  // [G][D]
   const int EB = int(A.entry_bytes);
-  const int warp_bytes = kStages * kTile * EB + kTile * D * 2 + 16;
+  const int warp_bytes = kStages * kTile * EB + 16;
   unsigned char* areas = smem + head_bytes<D>();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, tig = lane & 3;
-  unsigned char* ws = areas + warp * warp_bytes;  // [kStages][kTile] entries, the V tile, the stages' masks
+  unsigned char* ws = areas + warp * warp_bytes;  // [kStages][kTile] entries, the stages' masks
   const int64_t r = blockIdx.y;
   const int seq = int(r / p.n_kv_head), kvh = int(r % p.n_kv_head);
   const float qscale = p.scale * kLog2e;
 
   // The grid as bf16 pairs; codes past the grid read its last point (as the
   // decoder clamps).
-  for (int i = threadIdx.x; i < kGridWords; i += kThreads) {
-    const int c = min(i, A.grid_size - 1);
+  for (int i = threadIdx.x; i < kGridWords * kGridCopies; i += kThreads) {
+    const int c = min(i / kGridCopies, A.grid_size - 1);
     grid2[i] = pack_bf16(A.grid[2 * c], A.grid[2 * c + 1]);
   }
+  const uint32_t* gl = grid2 + lane;  // this lane's copy: point c at gl[c · kGridCopies]
   // The rotated query of each head of the group.
   for (int e = threadIdx.x; e < G * D; e += kThreads) {
     const int gg = e / D, d = e % D;
@@ -144,8 +159,13 @@ __global__ void __launch_bounds__(kThreads, 3)
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m_row[2] = {-INFINITY, -INFINITY}, l_row[2] = {0.f, 0.f};
-  auto* vt = reinterpret_cast<__nv_bfloat16*>(ws + kStages * kTile * EB);
-  auto* masks = reinterpret_cast<uint32_t*>(ws + kStages * kTile * EB + kTile * D * 2);  // [kStages]
+  auto* masks = reinterpret_cast<uint32_t*>(ws + kStages * kTile * EB);  // [kStages]
+  // V's B fragments: lane (g, tig) takes codes NP·g .. NP·g + NP − 1 of the
+  // V records of tokens 2tig, 2tig + 1 (k rows of b0) and 2tig + 8, 2tig + 9
+  // (b1). Code i = NP·g + jp holds dims 2i, 2i + 1: they become column g of
+  // n-tiles 2jp and 2jp + 1, so n-tile j's column c is dim (D/8)·c + j.
+  constexpr int NP = D / 16;
+  const int v_at = A.v_rec + NP * g, v_sh = 8 * (v_at & 3);
 
   // Tile t of this warp's i-th turn lives in stage i % kStages; a group is
   // committed per tile slot, issued or not, so that the wait counts alike.
@@ -171,13 +191,6 @@ __global__ void __launch_bounds__(kThreads, 3)
     const uint32_t valid = masks[i % kStages];
     n_attended += __popc(valid);
     const unsigned char* raw = ws + (i % kStages) * kTile * EB;
-    // V's grid points (rotated domain) into the bf16 tile.
-#pragma unroll 4
-    for (int e = lane; e < kTile * D / 2; e += 32) {
-      const int tk = e / (D / 2), c = e % (D / 2);
-      const uint32_t code = raw[tk * EB + A.v_rec + c];
-      *reinterpret_cast<uint32_t*>(vt + swz<D>(tk, 2 * c) + ((2 * c) & 7)) = grid2[code];
-    }
     // S = Q' K'ᵀ, K' from the code bytes: lane (g, tig) needs codes kk·8 + tig
     // and kk·8 + 4 + tig of token n·8 + g.
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
@@ -187,7 +200,8 @@ __global__ void __launch_bounds__(kThreads, 3)
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         const uint2 w = *reinterpret_cast<const uint2*>(kr + kk * 8);
-        mma16816(s[n], qf[kk], grid2[(w.x >> (8 * tig)) & 0xffu], grid2[(w.y >> (8 * tig)) & 0xffu]);
+        mma16816(s[n], qf[kk], gl[((w.x >> (8 * tig)) & 0xffu) * kGridCopies],
+                 gl[((w.y >> (8 * tig)) & 0xffu) * kGridCopies]);
       }
     }
     // Each key's σ_k, σ_v: keys n·8 + tig·2 + (e & 1).
@@ -200,7 +214,6 @@ __global__ void __launch_bounds__(kThreads, 3)
         sk[n][b] = bf16_bits_f32(*reinterpret_cast<const uint16_t*>(er + A.meta)) * qscale;
         sv[n][b] = bf16_bits_f32(*reinterpret_cast<const uint16_t*>(er + A.v_rec + A.meta));
       }
-    __syncwarp();  // the V tile is written
 #pragma unroll
     for (int n = 0; n < 2; ++n)
 #pragma unroll
@@ -214,8 +227,26 @@ __global__ void __launch_bounds__(kThreads, 3)
     for (int n = 0; n < 2; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[n][e] *= sv[n][e & 1];
-    decode_tile::pv<D>(o, s, vt, lane);
-    __syncwarp();  // this stage and the V tile are refilled next
+    uint32_t hi[4], lo[4];
+    decode_tile::p_fragments(s, hi, lo);
+    uint32_t cw[4];  // codes NP·g + (jp & ~3) .. + 3 of tokens 2tig, 2tig + 1, 2tig + 8, 2tig + 9
+#pragma unroll
+    for (int jp = 0; jp < NP; ++jp) {
+      if ((jp & 3) == 0) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) cw[u] = code_word(raw + (2 * tig + (u & 1) + 8 * (u >> 1)) * EB + v_at, v_sh, jp / 4);
+      }
+      uint32_t pt[4];  // the four tokens' points of code NP·g + jp
+#pragma unroll
+      for (int u = 0; u < 4; ++u) pt[u] = gl[((cw[u] >> (8 * (jp & 3))) & 0xffu) * kGridCopies];
+      const uint32_t b0e = __byte_perm(pt[0], pt[1], 0x5410), b0o = __byte_perm(pt[0], pt[1], 0x7632);
+      const uint32_t b1e = __byte_perm(pt[2], pt[3], 0x5410), b1o = __byte_perm(pt[2], pt[3], 0x7632);
+      mma16816(o[2 * jp], hi, b0e, b1e);
+      mma16816(o[2 * jp + 1], hi, b0o, b1o);
+      mma16816(o[2 * jp], lo, b0e, b1e);
+      mma16816(o[2 * jp + 1], lo, b0o, b1o);
+    }
+    __syncwarp();  // this stage is refilled next
   }
   cp_async_wait<0>();
   if (A.counters && lane == 0 && n_attended) atomicAdd(A.counters[seq], (unsigned long long)n_attended);
@@ -225,7 +256,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   const int64_t part = p.part0 + blockIdx.x;
   decode_tile::merge_warps<G, D, kWarps>(reinterpret_cast<float*>(areas), m_row, l_row, o,
                                          [&](int gg, int d, float v, float lse) {
-                                           rot[gg * D + d] = v;
+                                           rot[gg * D + (D / 8) * (d % 8) + d / 8] = v;  // dims unpermuted
                                            if (d == 0)
                                              part_lse[part * n_qh + int64_t(seq) * p.n_head + kvh * G + gg] = lse;
                                          });
@@ -244,7 +275,9 @@ template <int G, int D>
 void launch(const Args& A, const void* q, const uint8_t* const* host, const int32_t* sel, float* po, float* pl,
             cudaStream_t s) {
   const dim3 grid{unsigned(A.a.n_split), unsigned(A.a.n_seq * A.a.n_kv_head)};
-  const int smem = head_bytes<D>() + kWarps * int(kStages * kTile * A.entry_bytes + kTile * D * 2 + 16);
+  // The warps' areas also hold merge_warps' (2 + D)·kWarps·G floats at the end.
+  const int areas = std::max(kWarps * int(kStages * kTile * A.entry_bytes + 16), (2 + D) * kWarps * G * 4);
+  const int smem = head_bytes<D>() + areas;
   static int configured = 0;  // the largest dynamic shared memory set for this instance
   if (smem > configured) {
     KVT_CUDA_CHECK(cudaFuncSetAttribute(record_attn_kernel<G, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -270,6 +303,12 @@ void dispatch_group(const Args& A, const void* q, const uint8_t* const* host, co
 }
 
 }  // namespace
+
+int record_attn_splits(int64_t n_rows, int64_t n_tok) {
+  const int64_t want = int64_t(device_info().n_sm) * kBlocksPerSm / std::max<int64_t>(1, n_rows);
+  const int64_t cap = n_tok / kRecordSplitTokens;
+  return int(std::max<int64_t>(1, std::min(want, cap)));
+}
 
 void decode_attn_records(const Exec& x, const RecordAttnParams& p, const void* q_bf16, const uint8_t* const* host,
                          const int32_t* sel, float* part_out, float* part_lse) {

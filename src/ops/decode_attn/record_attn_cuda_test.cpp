@@ -128,6 +128,26 @@ TEST_P(RecordAttnCuda, MatchesTheDecodedReference) {
   EXPECT_LT(rel_l2(out.data(), ref_out.data(), out.size()), 1e-2);
 }
 
+// The splits fill one wave of three blocks per SM, never start a second,
+// and leave each split ≥ 128 tokens.
+TEST(RecordAttnSplits, OneWaveOfThreeBlocksPerSm) {
+  KVT_REQUIRE_GPU();
+  const int64_t slots = int64_t(cuda::device_info().n_sm) * 3;
+  for (const int64_t rows : {int64_t(1), int64_t(8), int64_t(72), int64_t(168), slots, 3 * slots}) {
+    for (const int64_t n_tok : {int64_t(100), int64_t(4096), int64_t(131072)}) {
+      const int s = cuda::record_attn_splits(rows, n_tok);
+      SCOPED_TRACE(::testing::Message() << rows << " rows of " << n_tok << " tokens: " << s << " splits");
+      ASSERT_GE(s, 1);
+      if (s > 1) {
+        EXPECT_LE(s * rows, slots);
+        EXPECT_GE(n_tok / s, kRecordSplitTokens);
+      }
+      EXPECT_TRUE((s + 1) * rows > slots || n_tok / (s + 1) < kRecordSplitTokens);  // none left out
+    }
+  }
+  EXPECT_EQ(cuda::record_attn_splits(72, 4096), int(slots / 72));
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Grid, RecordAttnCuda,
     ::testing::Values(Case{"higgs4:g128", 128, 2, 32, 8, 5000, 1040, 5},
