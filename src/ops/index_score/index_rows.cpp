@@ -81,7 +81,7 @@ PlanarScorer planar_scorer_resolved(PlanarScorer s) {
   if (s != PlanarScorer::automatic) return s;
   static const PlanarScorer from_env = [] {
     const char* e = std::getenv("KVT_PLANAR_SCORER");
-    return e && *e ? planar_scorer_from_name(e) : PlanarScorer::mma;
+    return e && *e ? planar_scorer_from_name(e) : PlanarScorer::mma16;
   }();
   return from_env;
 }

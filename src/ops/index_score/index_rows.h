@@ -102,7 +102,7 @@ struct ScoreRowsParams {
   // the sums); mma16 is mma with the tokens as the products' rows (16 per
   // product) in fewer instructions per token (the same scores up to the
   // order of the sums). automatic: $KVT_PLANAR_SCORER if set (xor, rotated,
-  // mma, mma16), else the default, mma.
+  // mma, mma16), else the default, mma16.
   PlanarScorer planar_scorer = PlanarScorer::automatic;
 };
 constexpr int64_t residual_meta_stride(int64_t out_stride, int m) { return out_stride / (m > 0 ? m : 1) + 2; }

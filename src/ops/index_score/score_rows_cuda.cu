@@ -17,11 +17,12 @@
 //    different banks, but a table address is one byte extract and one
 //    multiply-add with the step as the load's constant offset, and the code
 //    bytes are rotated once per token by whole words and a funnel shift.
-//    PlanarScorer::mma (the default; see higgs2_mma_kernel): the codes
+//    PlanarScorer::mma (see higgs2_mma_kernel): the codes
 //    decoded to the grid's fp16 points and multiplied by the queries on the
 //    tensor cores, the codes streamed through a cp.async ring per warp.
-//    PlanarScorer::mma16 (higgs2_mma16_kernel): the same products with the
-//    tokens as the product's rows, 16 per product, in fewer instructions.
+//    PlanarScorer::mma16 (the default; higgs2_mma16_kernel): the same
+//    products with the tokens as the product's rows, 16 per product, in
+//    fewer instructions.
 //  * records whose codes fill whole bytes (higgs4/2/1/0.5, 1bit, int1/2/4/8)
 //    and residual landmarks of them: the byte-table kernel of
 //    score_lut_cuda.cu, the same idea over any such format;
@@ -483,7 +484,7 @@ __global__ void __launch_bounds__(k16Threads, 3) higgs2_mma16_kernel(ScoreRowsPa
     }
   }
   __syncthreads();
-  // Token offsets are 32-bit (a row holds < 2^30 tokens, launch_planar_mma16).
+  // Token offsets are 32-bit (a row holds < 2^30 tokens, launch_planar_mma).
   const int n = int(rg.n);
   const uint8_t* codes = codes_rows[row] + rg.c0 * 32;
   const uint16_t* scales = reinterpret_cast<const uint16_t*>(scale_rows[row]) + rg.c0;
