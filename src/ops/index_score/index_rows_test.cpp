@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -182,6 +183,9 @@ TEST(ScoreRowsTable, PlanarScorerNamesRoundTripAndUnknownOnesFail) {
   }
   // automatic always resolves to a concrete scorer ($KVT_PLANAR_SCORER or the default).
   EXPECT_NE(planar_scorer_resolved(PlanarScorer::automatic), PlanarScorer::automatic);
+  // Without $KVT_PLANAR_SCORER the default is mma16 (16 tokens per tensor-core product).
+  const char* env = std::getenv("KVT_PLANAR_SCORER");
+  if (!env || !*env) EXPECT_EQ(planar_scorer_resolved(PlanarScorer::automatic), PlanarScorer::mma16);
   for (const char* bad : {"", "XOR", "tensor", "rotated "}) {
     try {
       planar_scorer_from_name(bad);
