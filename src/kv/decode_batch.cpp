@@ -12,7 +12,7 @@
 namespace kvtier {
 namespace {
 
-constexpr int kRowTables = 7, kSeqTables = 5;  // see LayerRows
+constexpr int kRowTables = 8, kSeqTables = 5;  // see LayerRows
 
 size_t align64(size_t n) { return (n + 63) / 64 * 64; }
 
@@ -67,6 +67,7 @@ void DecodeBatch::build_tables() {
         t[4 * R + r] = Ly.stats ? uintptr_t(Ly.stats.data<float>() + h * q.stats_row()) : 0;
         t[5 * R + r] = uintptr_t(Ly.prev_sel.data<int32_t>() + h * q.sel_state_words());
         t[6 * R + r] = uintptr_t(Ly.prev_slot.data<int32_t>() + int64_t(h) * q.kmax_tokens());
+        t[7 * R + r] = Ly.kept_sel ? uintptr_t(Ly.kept_sel.data<int32_t>() + int64_t(h) * q.kmax_tokens()) : 0;
       }
       uintptr_t* st = t + kRowTables * R;
       st[0 * B + s] = uintptr_t(Ly.host.data());
@@ -89,7 +90,9 @@ void DecodeBatch::build_tables() {
   off_ranges_ = align64(off_iscales_ + 4 * size_t(B) * L);
   off_cache_all_ = align64(off_ranges_ + sizeof(StepRanges) * size_t(B));
   off_fill_ = align64(off_cache_all_ + 4 * size_t(B));
-  host_state_.assign(align64(off_fill_ + 8 * size_t(B)), 0);
+  off_sel_ranges_ = align64(off_fill_ + 8 * size_t(B));
+  off_last_ = align64(off_sel_ranges_ + sizeof(StepRanges) * size_t(B));
+  host_state_.assign(align64(off_last_ + 8 * size_t(B)), 0);
   for (int s = 0; s < B; ++s) {
     const TieredSeq& q = *seqs_[size_t(s)];
     reinterpret_cast<int64_t*>(host_state_.data() + off_key_first_)[s] =
@@ -99,6 +102,7 @@ void DecodeBatch::build_tables() {
     reinterpret_cast<int32_t*>(host_state_.data() + off_nout_)[s] = q.outlier_tokens();
     reinterpret_cast<int32_t*>(host_state_.data() + off_cache_all_)[s] = q.cache_all() ? 1 : 0;
     reinterpret_cast<int64_t*>(host_state_.data() + off_fill_)[s] = q.needs_fill() ? q.n_tokens(0) : 0;
+    reinterpret_cast<uintptr_t*>(host_state_.data() + off_last_)[s] = uintptr_t(q.reselect_at());
     for (int l = 0; l < L; ++l) {
       float* sc = reinterpret_cast<float*>(host_state_.data() + off_scales_) + (size_t(l) * B + s) * 2;
       sc[0] = seqs_[size_t(s)]->layer(l).k_scale;
@@ -177,6 +181,7 @@ LayerRows DecodeBatch::rows(int layer) const {
   r.stats = reinterpret_cast<float* const*>(t + 4 * R);
   r.prev_sel = reinterpret_cast<int32_t* const*>(t + 5 * R);
   r.prev_slot = reinterpret_cast<int32_t* const*>(t + 6 * R);
+  r.kept_sel = reinterpret_cast<int32_t* const*>(t + 7 * R);
   const uintptr_t* st = t + kRowTables * R;
   r.host = reinterpret_cast<uint8_t* const*>(st);
   r.kplane = reinterpret_cast<uint8_t* const*>(st + B);
@@ -224,6 +229,15 @@ const float* DecodeBatch::index_scales(int layer) const {
   return reinterpret_cast<const float*>(state_.data<uint8_t>() + off_iscales_) + size_t(layer) * n_seq();
 }
 
+const StepRanges* DecodeBatch::select_ranges() const {
+  return reinterpret_cast<const StepRanges*>(state_.data<uint8_t>() +
+                                             (plan_.policy.reselect > 1 ? off_sel_ranges_ : off_ranges_));
+}
+
+const int32_t* DecodeBatch::kslots() const {
+  return reinterpret_cast<const int32_t*>(state_.data<uint8_t>() + off_kslots_);
+}
+
 const float* DecodeBatch::seq_scales(int layer) const {
   return reinterpret_cast<const float*>(state_.data<uint8_t>() + off_scales_) + size_t(layer) * n_seq() * 2;
 }
@@ -235,7 +249,7 @@ FetchRows DecodeBatch::fetch_rows(const LayerRows& t) {
   r.key_first = reinterpret_cast<const int64_t*>(state_.data<uint8_t>() + off_key_first_);
   r.svd_a = t.svd_a;
   r.svd_b = t.svd_b;
-  r.kslots = reinterpret_cast<const int32_t*>(state_.data<uint8_t>() + off_kslots_);
+  r.kslots = kslots();
   r.slots = t.slots;
   r.prev_sel = t.prev_sel;
   r.prev_slot = t.prev_slot;
@@ -280,6 +294,10 @@ void DecodeBatch::begin_step() {
                  reinterpret_cast<const int32_t*>(state_.data<uint8_t>() + off_budget_),
                  reinterpret_cast<const int32_t*>(state_.data<uint8_t>() + off_nout_),
                  reinterpret_cast<StepRanges*>(state_.data<uint8_t>() + off_ranges_));
+  if (plan_.policy.reselect > 1)
+    reselect_rows(x_, B, plan_.policy.reselect, reinterpret_cast<int64_t* const*>(state_.data<uint8_t>() + off_last_),
+                  reinterpret_cast<const StepRanges*>(state_.data<uint8_t>() + off_ranges_),
+                  reinterpret_cast<StepRanges*>(state_.data<uint8_t>() + off_sel_ranges_));
 }
 
 void DecodeBatch::append(int layer, const void* k_pre, const void* k, const void* v, int64_t tok_stride) {

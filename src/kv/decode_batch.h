@@ -23,6 +23,7 @@ struct LayerRows {
   float* const* stats = nullptr;       // [rows]
   int32_t* const* prev_sel = nullptr;  // [rows]
   int32_t* const* prev_slot = nullptr; // [rows]
+  int32_t* const* kept_sel = nullptr;  // [rows] (policy reselect > 1)
   uint8_t* const* host = nullptr;      // [seqs]
   uint8_t* const* kplane = nullptr;    // [seqs]
   const uint16_t* const* svd_a = nullptr;  // [seqs]
@@ -68,6 +69,11 @@ class DecodeBatch {
   FetchParams fetch_params() const;
   const float* seq_scales(int layer) const;
   const float* index_scales(int layer) const;
+  // The ranges the scoring and the top-k read: the step's, or under
+  // reselect > 1 those of reselect_rows (no candidates where a sequence keeps
+  // its last selection).
+  const StepRanges* select_ranges() const;
+  const int32_t* kslots() const;  // [seqs] each sequence's budget in tokens
   FetchRows fetch_rows(const LayerRows& t);
   const uint8_t** view_rows();
 
@@ -83,9 +89,10 @@ class DecodeBatch {
   uint64_t builds_ = 0;
   Buffer gqa_scratch_;
   Buffer topk_scratch_;                // CUDA, GQA without outliers: gqa_topk_rows' sampled path
-  Buffer tables_;                     // per layer: 7 [rows] + 5 [seqs] pointer arrays
+  Buffer tables_;                     // per layer: 8 [rows] + 5 [seqs] pointer arrays
   std::vector<uintptr_t> host_tables_;
-  Buffer state_;                      // [seqs]: pos0 int64, key_first int64, budget int32, kslots int32, ranges
+  Buffer state_;                      // [seqs]: pos0 int64, key_first int64, budget int32, kslots int32, ranges,
+                                      // (reselect > 1) the select ranges and each sequence's reselect_at
   std::vector<uint8_t> host_state_;
   Buffer stage_;                      // host staging of pos0 (pinned on CUDA, so a graph can replay the copy)
   Buffer forced_;                     // [layers][rows][n_out] int32
@@ -95,7 +102,8 @@ class DecodeBatch {
   const int32_t* last_sel_ = nullptr;
   int last_sel_width_ = 0;
   size_t off_pos0_ = 0, off_n_ = 0, off_key_first_ = 0, off_budget_ = 0, off_kslots_ = 0, off_nout_ = 0,
-         off_scales_ = 0, off_iscales_ = 0, off_ranges_ = 0, off_cache_all_ = 0, off_fill_ = 0;
+         off_scales_ = 0, off_iscales_ = 0, off_ranges_ = 0, off_cache_all_ = 0, off_fill_ = 0,
+         off_sel_ranges_ = 0, off_last_ = 0;
 };
 
 // One layer of one decode step for every sequence of the batch (decode_step.cpp).

@@ -5,6 +5,9 @@
 //   ∥ attend to the resident tokens → attend to the fetched ones → merge by LSE.
 // With the store in GPU memory (plan in_place, policy cache=none) the fetch
 // and its slots drop out: the attention reads the selected records themselves.
+// Under reselect=N a sequence scores and picks on every Nth step only: on
+// the others its rows have no candidates (the scoring and the top-k skip
+// them) and take back the selection kept from its last pick.
 // Each stage is one op over all rows (row = sequence · KV head); the state it
 // reads is built once by DecodeBatch (decode_batch.cpp). No allocation, no
 // host synchronization: on CUDA the whole step is kernels on two streams.
@@ -23,6 +26,7 @@ void decode_step(DecodeBatch& b, int layer, const void* q, float scale, void* ou
   const Exec& x = b.x_;
   const LayerRows t = b.rows(layer);
   const auto* ranges = reinterpret_cast<const StepRanges*>(b.state_.data<uint8_t>() + b.off_ranges_);
+  const StepRanges* picks = b.select_ranges();  // ranges, less the sequences that keep their selection
   const int n_seq = b.n_seq(), H = g.n_kv_head, D = g.head_dim;
   const int64_t n_rows = int64_t(n_seq) * H, n_qh = int64_t(n_seq) * g.n_head;
   auto* part_out = b.part_out_.data<float>();
@@ -55,28 +59,32 @@ void decode_step(DecodeBatch& b, int layer, const void* q, float scale, void* ou
   // The planar and byte-table scorers also sum each query's softmax as they go (on CUDA).
   const bool fused = per_query && x.cuda() && score_rows_leaves_partials(sp);
   if (fused) sp.gqa_scratch = b.gqa_scratch_.data();
-  score_rows(x, sp, b.qidx_.data<float>(), t.plane0, t.plane1, ranges, b.scores_.data<float>());
+  score_rows(x, sp, b.qidx_.data<float>(), t.plane0, t.plane1, picks, b.scores_.data<float>());
   const GqaRowsParams gp{n_seq, H, group, b.score_stride_, b.score_stride_, b.gqa_scratch_.data(), fused,
                          b.topk_scratch_.data()};
   // Without outliers to mask, the aggregation happens inside the top-k (select).
-  if (per_query && forced) gqa_rows(x, gp, b.scores_.data<float>(), ranges, cand);
+  if (per_query && forced) gqa_rows(x, gp, b.scores_.data<float>(), picks, cand);
 
   // 2. Select: outlier chunks out of the race, the top-k chunks, their tokens.
   stage(x, "select");
   if (per_query && !forced) {
-    gqa_topk_rows(x, gp, b.scores_.data<float>(), ranges, b.kmax_chunk_, cand, b.chunks_.data<int32_t>());
+    gqa_topk_rows(x, gp, b.scores_.data<float>(), picks, b.kmax_chunk_, cand, b.chunks_.data<int32_t>());
   } else {
-    if (forced) mask_rows(x, n_rows, H, b.score_stride_, b.n_out_, forced, ranges, cand);
-    topk_rows(x, n_rows, H, b.score_stride_, b.kmax_chunk_, cand, ranges, b.chunks_.data<int32_t>());
+    if (forced) mask_rows(x, n_rows, H, b.score_stride_, b.n_out_, forced, picks, cand);
+    topk_rows(x, n_rows, H, b.score_stride_, b.kmax_chunk_, cand, picks, b.chunks_.data<int32_t>());
   }
-  const int32_t* sel = b.chunks_.data<int32_t>();
+  int32_t* sel = b.chunks_.data<int32_t>();
+  int sel_width = b.kmax_chunk_;
   if (k.chunk > 1 || forced) {
     ExpandRowsParams ep{n_rows, H, b.kmax_chunk_, k.chunk, k.sink, b.n_out_};
-    expand_rows(x, ep, sel, forced, ranges, b.toks_.data<int32_t>());
+    expand_rows(x, ep, sel, forced, picks, b.toks_.data<int32_t>());
     sel = b.toks_.data<int32_t>();
+    sel_width = b.kmax_tok_;
   }
+  // reselect=N: a fresh pick is kept for the steps that follow; they take it back.
+  if (k.policy.reselect > 1) keep_selection(x, KeepSelParams{n_rows, H, sel_width}, picks, b.kslots(), t.kept_sel, sel);
   b.last_sel_ = sel;
-  b.last_sel_width_ = sel == b.chunks_.data<int32_t>() ? b.kmax_chunk_ : b.kmax_tok_;
+  b.last_sel_width_ = sel_width;
 
   if (k.in_place) {
     // 3–4. Attend to the selected records where the store lies → parts 1..n_split.

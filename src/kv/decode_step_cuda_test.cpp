@@ -197,7 +197,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"yakv,budget=48", 64, 9, 3}, Case{"yakv,budget=48,kv=fp8", 64, 9, 3},
                       Case{"shadowkv,rank=24,budget=48,outliers=4", 64, 9, 3},
                       Case{"yakv,budget=48", 128, 28, 4}, Case{"yakv,budget=48", 128, 64, 4},
-                      Case{"yakv,budget=48,gqa=mean", 256, 8, 2}, Case{"oracle,budget=48", 256, 8, 2}));
+                      Case{"yakv,budget=48,gqa=mean", 256, 8, 2}, Case{"oracle,budget=48", 256, 8, 2},
+                      Case{"yakv,budget=48,reselect=3"}, Case{"yakv,budget=48,gqa=mean,reselect=2"},
+                      Case{"landmarks,chunk=8,budget=40,sink=3,local=13,reselect=4"},
+                      Case{"shadowkv,rank=32,budget=48,outliers=4,reselect=2"}));
 
 // cache=auto: every token's decoded K/V where GPU memory allows (a small
 // sequence: always), and on the CPU the last step's selection.
@@ -222,12 +225,16 @@ TEST(DecodeStepCuda, AutoCacheHoldsEveryTokenWhenItFits) {
 }
 
 // Three sequences of different lengths and budgets decoding in one batch:
-// each step's outputs equal each sequence's outputs alone.
-TEST(DecodeStepCuda, BatchEqualsSolo) {
+// each step's outputs equal each sequence's outputs alone. Under
+// reselect=3 the first sequence leaves halfway, so the others' rows move
+// while they keep their selections.
+class DecodeStepBatch : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DecodeStepBatch, BatchEqualsSolo) {
   KVT_REQUIRE_GPU();
   const KvGeometry g = geometry(2, 8, 2, 128);
   const int W = g.n_kv_head * g.head_dim, QH = g.n_head, D = g.head_dim;
-  const PolicyConfig p = parse_policy("yakv,budget=0.0625,min_budget=16");
+  const PolicyConfig p = parse_policy(GetParam());
   Device gpu(DeviceKind::cuda);
   const KvPlan plan = plan_kv(p, g, DeviceKind::cuda);
   std::mt19937 rng(3);
@@ -249,13 +256,18 @@ TEST(DecodeStepCuda, BatchEqualsSolo) {
   for (auto& m : member) seqs.push_back(&m->seq());
   batch.set_sequences(seqs);
   const float scale = 1.f / std::sqrt(float(D));
-  const int B = int(lens.size());
+  std::vector<int> active{0, 1, 2};
   double worst = 0;
   for (int s = 0; s < n_steps; ++s) {
+    if (p.reselect > 1 && s == n_steps / 2) {
+      active = {1, 2};
+      batch.set_sequences({seqs[1], seqs[2]});
+    }
+    const int B = int(active.size());
     batch.begin_step();
     for (int l = 0; l < g.n_layer; ++l) {
       std::vector<uint16_t> kp, kk, vv, qq;  // [B, ...] bf16
-      for (int i = 0; i < B; ++i) {
+      for (int i : active) {
         const Inputs& in = ins[size_t(i)];
         for (float f : in.dpre[size_t(s)][size_t(l)]) kp.push_back(f32_to_bf16(f));
         for (float f : in.dpost[size_t(s)][size_t(l)]) kk.push_back(f32_to_bf16(f));
@@ -269,26 +281,31 @@ TEST(DecodeStepCuda, BatchEqualsSolo) {
       batch.attend(l, dqq.data(), scale, d_out.data());
       sync(gpu.exec());
       const auto got = bf16_to_f32_vec(to_host<uint16_t>(d_out, size_t(B) * QH * D));
-      for (int i = 0; i < B; ++i) {
+      for (int j = 0; j < B; ++j) {
+        const int i = active[size_t(j)];
         cuda::DeviceBuffer d_one(size_t(QH) * D * 2);
-        auto o_kp = to_device(std::vector<uint16_t>(kp.begin() + int64_t(i) * W, kp.begin() + int64_t(i + 1) * W));
-        auto o_kk = to_device(std::vector<uint16_t>(kk.begin() + int64_t(i) * W, kk.begin() + int64_t(i + 1) * W));
-        auto o_vv = to_device(std::vector<uint16_t>(vv.begin() + int64_t(i) * W, vv.begin() + int64_t(i + 1) * W));
+        auto o_kp = to_device(std::vector<uint16_t>(kp.begin() + int64_t(j) * W, kp.begin() + int64_t(j + 1) * W));
+        auto o_kk = to_device(std::vector<uint16_t>(kk.begin() + int64_t(j) * W, kk.begin() + int64_t(j + 1) * W));
+        auto o_vv = to_device(std::vector<uint16_t>(vv.begin() + int64_t(j) * W, vv.begin() + int64_t(j + 1) * W));
         auto o_qq =
-            to_device(std::vector<uint16_t>(qq.begin() + int64_t(i) * QH * D, qq.begin() + int64_t(i + 1) * QH * D));
+            to_device(std::vector<uint16_t>(qq.begin() + int64_t(j) * QH * D, qq.begin() + int64_t(j + 1) * QH * D));
         if (l == 0) solo[size_t(i)]->begin_step(1);
         solo[size_t(i)]->append(l, o_kp.data(), o_kk.data(), o_vv.data(), W, 1);
         solo[size_t(i)]->attend(l, o_qq.data(), QH * D, 1, scale, d_one.data());
         sync(gpu.exec());
         const auto want = bf16_to_f32_vec(to_host<uint16_t>(d_one, size_t(QH) * D));
-        const std::vector<float> mine(got.begin() + int64_t(i) * QH * D, got.begin() + int64_t(i + 1) * QH * D);
+        const std::vector<float> mine(got.begin() + int64_t(j) * QH * D, got.begin() + int64_t(j + 1) * QH * D);
         worst = std::max(worst, rel(mine, want));
       }
     }
   }
-  std::printf("[decode-step batch vs solo] max rel-L2 %.2e\n", worst);
+  std::printf("[decode-step batch vs solo] %s: max rel-L2 %.2e\n", GetParam(), worst);
   EXPECT_LT(worst, 8e-3);  // the same kernels on the same data; splits differ, so bf16 roundings may
 }
+
+INSTANTIATE_TEST_SUITE_P(Policies, DecodeStepBatch,
+                         ::testing::Values("yakv,budget=0.0625,min_budget=16",
+                                           "yakv,budget=0.0625,min_budget=16,reselect=3"));
 
 }  // namespace
 }  // namespace kvtier

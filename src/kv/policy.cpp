@@ -16,7 +16,7 @@ namespace {
 const char* kPresets = "full, shadowkv, yakv, oracle, landmarks";
 const char* kKeys =
     "index, chunk, lm, meta, res, m, rank, kv, keys_prerope, budget, min_budget, sink, local, outliers, "
-    "gqa, cache, prefill, store";
+    "reselect, gqa, cache, prefill, store";
 
 PolicyConfig preset(const std::string& name) {
   PolicyConfig p;
@@ -231,6 +231,8 @@ PolicyConfig parse_policy(const std::string& text) {
       p.local = parse_int(key, v, 0, 1 << 30);
     } else if (key == "outliers") {
       p.outliers = parse_int(key, v, 0, 1 << 30);
+    } else if (key == "reselect") {
+      p.reselect = parse_int(key, v, 1, 1 << 20);
     } else if (key == "gqa") {
       if (v == "shadowkv") p.gqa = GqaMode::shadowkv;
       else if (v == "mean") p.gqa = GqaMode::mean;
@@ -261,7 +263,7 @@ PolicyConfig parse_policy(const std::string& text) {
               index_name(p.index), why);
   };
   bool dense = p.index == IndexKind::none;
-  for (const char* k : {"budget", "min_budget", "sink", "local", "gqa", "chunk", "lm", "keys_prerope", "cache"})
+  for (const char* k : {"budget", "min_budget", "sink", "local", "reselect", "gqa", "chunk", "lm", "keys_prerope", "cache"})
     forbid(dense, k, "dense attention selects nothing");
   forbid(dense, "prefill", "dense attention keeps every token's K/V on the device");
   forbid(dense, "store", "dense attention has no quantized store: its K/V stay on the device");
@@ -313,6 +315,7 @@ std::string to_string(const PolicyConfig& p) {
                      fmt_double(p.budget), p.sink, p.local,
                      p.gqa == GqaMode::shadowkv ? "shadowkv" : "mean");
     if (p.min_budget > 0) s += fmt::format(",min_budget={}", p.min_budget);
+    if (p.reselect > 1) s += fmt::format(",reselect={}", p.reselect);
     if (p.cache != CacheMode::auto_) s += fmt::format(",cache={}", cache_mode_name(p.cache));
     if (p.prefill != PrefillMode::auto_) s += fmt::format(",prefill={}", prefill_mode_name(p.prefill));
     if (p.store != StoreMode::host) s += fmt::format(",store={}", store_mode_name(p.store));

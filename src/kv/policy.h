@@ -18,6 +18,11 @@
 //   budget  : sparse budget, tokens if ≥ 1, else a fraction of the prompt
 //   min_budget : floor of the budget in tokens (budget = max(fraction·n_prompt, min_budget))
 //   sink, local, outliers : always-attended prefix tokens, recent tokens, outlier chunks
+//   reselect : decode steps per selection (≥ 1, default 1): with N > 1 a
+//             sequence scores its index and picks its top-k on every Nth
+//             step only; the steps between attend to the tokens that last
+//             pick chose (with the sinks and the current window), which
+//             skips the index and the top-k on N − 1 of N steps
 //   gqa     : shadowkv (softmax per query head over chunks, max over the group) | mean
 //   cache   : the decoded K/V kept on the GPU between steps: step (the last
 //             step's selection, kmax slots per KV head), all (every token of the
@@ -78,6 +83,7 @@ struct PolicyConfig {
   int sink = 0;
   int local = 0;
   int outliers = 0;  // outlier chunks (shadowkv)
+  int reselect = 1;  // decode steps per selection
   GqaMode gqa = GqaMode::shadowkv;
   CacheMode cache = CacheMode::auto_;
   PrefillMode prefill = PrefillMode::auto_;

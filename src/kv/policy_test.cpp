@@ -108,13 +108,23 @@ TEST(Policy, BudgetFloorInTokens) {
   EXPECT_NE(error_of("full,min_budget=10").find("min_budget"), std::string::npos);
 }
 
+TEST(Policy, ReselectEveryNSteps) {
+  EXPECT_EQ(parse_policy("yakv").reselect, 1);
+  EXPECT_EQ(parse_policy("yakv,reselect=4").reselect, 4);
+  EXPECT_EQ(to_string(parse_policy("yakv")).find("reselect"), std::string::npos);  // the default: not printed
+  EXPECT_NE(to_string(parse_policy("oracle,reselect=2")).find(",reselect=2"), std::string::npos);
+  EXPECT_NE(error_of("yakv,reselect=0").find("reselect"), std::string::npos);
+  EXPECT_NE(error_of("yakv,reselect=1.5").find("reselect"), std::string::npos);
+  EXPECT_NE(error_of("full,reselect=2").find("reselect"), std::string::npos);
+}
+
 TEST(Policy, RoundTripsThroughToString) {
   for (const char* s :
        {"full", "full,kv=f32", "shadowkv", "shadowkv,rank=160", "yakv", "oracle",
         "landmarks,chunk=4,lm=int4:g32", "yakv,lm=residual,meta=higgs4,res=1bit,m=4",
         "yakv,gqa=mean,sink=4,keys_prerope=1", "oracle,budget=512", "yakv,min_budget=1024",
         "yakv,cache=step", "oracle,cache=all", "yakv,prefill=stream", "shadowkv,prefill=dense",
-        "yakv,store=gpu,cache=step"}) {
+        "yakv,store=gpu,cache=step", "shadowkv,reselect=3"}) {
     PolicyConfig p = parse_policy(s);
     std::string t = to_string(p);
     EXPECT_EQ(to_string(parse_policy(t)), t) << s;

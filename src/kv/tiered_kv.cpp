@@ -332,9 +332,17 @@ void TieredSeq::start_decode() {
     L.prev_slot = dev_.alloc(size_t(H) * kmax_tok_ * 4);
     fill(x_, L.prev_sel.data(), cache_all_ ? 0 : 0xff, L.prev_sel.bytes());  // cache=all: no token held yet
     fill(x_, L.prev_slot.data(), 0xff, L.prev_slot.bytes());
+    if (plan_.policy.reselect > 1) {
+      L.kept_sel = dev_.alloc(size_t(H) * kmax_tok_ * 4);
+      fill(x_, L.kept_sel.data(), 0xff, L.kept_sel.bytes());
+    }
     if (plan_.host == HostLayout::values_only) {
       L.kplane = alloc_store(size_t(std::max<int64_t>(1, cap_ - n_prompt_) * plan_.host_tok_bytes));
     }
+  }
+  if (plan_.policy.reselect > 1) {
+    reselect_at_ = dev_.alloc(8);
+    fill(x_, reselect_at_.data(), 0, 8);
   }
   sync(x_);
   needs_fill_ = cache_all_;
@@ -401,7 +409,8 @@ KvMemory TieredSeq::memory() const {
       m.gpu_bytes += 2 * int64_t(plan_.rank) * (decoding_ ? n_prompt_ : n);           // U·S rows
     }
     if (decoding_)  // slots, selection state
-      m.gpu_bytes += H * (slot_row_tokens() * plan_.slot_bytes + 4 * sel_state_words() + 4 * kmax_tok_);
+      m.gpu_bytes += H * (slot_row_tokens() * plan_.slot_bytes + 4 * sel_state_words() + 4 * kmax_tok_ +
+                          (plan_.policy.reselect > 1 ? 4 * kmax_tok_ : 0));
     m.host_bytes += n * plan_.host_tok_bytes;
     if (plan_.host == HostLayout::values_only && decoding_) m.host_bytes += (n - n_prompt_) * plan_.host_tok_bytes;
     if (plan_.host_spec.kind == QuantKind::nvfp4) m.host_bytes += 8;  // the per-tensor scales

@@ -51,6 +51,7 @@ struct TieredLayer {
   Buffer host, kplane;
   Buffer resident;
   Buffer slots, prev_sel, prev_slot, slot_of;
+  Buffer kept_sel;                 // policy reselect > 1: [H][kmax] int32, the selection kept between picks
   Buffer outliers;                 // shadowkv: [H][outliers] int32 chunk ids, ascending
   Buffer svd_a, svd_b;             // shadowkv: U·S [n_prompt][rank], Vᵀ [rank][H·D], bf16
   Buffer stats;                    // shadowkv prefill: [H][cap_chunks] f32 min cos
@@ -102,6 +103,7 @@ class TieredSeq {
   int64_t resident_slot_bytes() const { return res_slot_; }
   int64_t stats_row() const { return cap_chunks_; }
   unsigned long long* counters() const { return counters_.data<unsigned long long>(); }
+  int64_t* reselect_at() const { return reselect_at_.data<int64_t>(); }  // null unless reselect > 1
   void note_decode_append(int layer) { ++n_[size_t(layer)]; }
   uint64_t generation() const { return generation_; }  // bumps when buffers move
   uint64_t uid() const { return uid_; }  // unique in the process (an address may be reused)
@@ -164,6 +166,7 @@ class TieredSeq {
   Buffer grid_, signs_, meta_grid_, meta_signs_, host_grid_, host_signs_;  // quantizer tables (device)
   Buffer inv_freq_;                 // RoPE [head_dim/2] f32 (device)
   Buffer counters_;                 // [2] selected, misses (device)
+  Buffer reselect_at_;              // policy reselect > 1: int64, tokens held at the last selection (0: none yet)
   Buffer scales_;                   // [n_layer][3] nvfp4 per-tensor scales: host K, host V, landmarks (device)
   Buffer tables_;                   // this sequence's row tables for prefill appends (device)
   std::vector<uint8_t> host_tables_;

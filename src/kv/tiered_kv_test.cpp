@@ -174,7 +174,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"shadowkv,rank=24,budget=32,outliers=4,gqa=mean"},
                       Case{"yakv,budget=32", 128, 8, 2}, Case{"yakv,budget=32", 64, 7, 1},
                       Case{"yakv,budget=0.05,min_budget=24"}, Case{"yakv,budget=32,store=gpu"},
-                      Case{"shadowkv,rank=24,budget=32,outliers=4,store=gpu"}));
+                      Case{"shadowkv,rank=24,budget=32,outliers=4,store=gpu"},
+                      Case{"yakv,budget=32,reselect=3"}, Case{"yakv,budget=32,store=gpu,reselect=2"},
+                      Case{"landmarks,chunk=8,budget=40,sink=3,local=13,reselect=2"},
+                      Case{"yakv,budget=32,lm=residual,meta=higgs4,res=1bit,m=8,reselect=4"},
+                      Case{"shadowkv,rank=24,budget=32,outliers=4,reselect=3"}));
 
 // cache=auto takes every token's cache only when free GPU memory holds it
 // twice plus the margin (max(1 GiB, 10 % of the device)); never on the CPU.
@@ -455,12 +459,17 @@ TEST(PrefillChoice, AutoStreamsWhenTheDenseCopyDoesNotFit) {
 // row's output equals its twin's stepped alone (within float rounding: the
 // CPU's attention splits depend on the rows); a group whose members change
 // rebuilds its tables.
-TEST(DecodeGroups, APolicysSequencesStepTogetherAsEachAlone) {
+// reselect=3: each sequence keeps its selection through the steps it sits
+// out and the rows it moves to.
+class DecodeGroupsPolicy : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DecodeGroupsPolicy, APolicysSequencesStepTogetherAsEachAlone) {
   const int L = 2, D = 64, H = 2, QH = 4, W = H * D, n_steps = 6;
   const KvGeometry g = geometry(L, QH, H, D);
   Device cpu(DeviceKind::cpu);
   // A budget of 300+ tokens: a row's attention takes more than one split alone.
-  const std::vector<std::string> pols{"yakv,budget=0.5", "full", "yakv,budget=0.5", "yakv,kv=fp8", "yakv,budget=0.5"};
+  const std::string y = GetParam();
+  const std::vector<std::string> pols{y, "full", y, "yakv,kv=fp8", y};
   const int n = int(pols.size());
   std::vector<std::unique_ptr<KvCache>> grouped, alone;
   std::mt19937 rng(11);
@@ -545,6 +554,9 @@ TEST(DecodeGroups, APolicysSequencesStepTogetherAsEachAlone) {
   }
   for (int i = 0; i < n; ++i) EXPECT_EQ(grouped[size_t(i)]->n_tokens(0), alone[size_t(i)]->n_tokens(0));
 }
+
+INSTANTIATE_TEST_SUITE_P(Policies, DecodeGroupsPolicy,
+                         ::testing::Values("yakv,budget=0.5", "yakv,budget=0.5,reselect=3"));
 
 }  // namespace
 }  // namespace kvtier

@@ -150,10 +150,21 @@ void TieredKvStore::attend_one(int layer, const float* q, float scale, int64_t n
                                float* out, Selection* sel_out) {
   const int H = g_.n_kv_head, D = g_.head_dim, QH = g_.n_head;
   const int c = index_.chunk();
+  // reselect=N: the index is scored and the top-k picked on every Nth query
+  // only (and when none was picked yet, or the cache was rewound); the
+  // queries between attend to the tokens of that pick that were not
+  // resident then, with what is resident now.
+  if (picked_at_.empty()) {
+    picked_at_.assign(size_t(g_.n_layer), 0);
+    kept_.assign(size_t(g_.n_layer), std::vector<std::vector<int64_t>>(size_t(H)));
+  }
+  int64_t& picked_at = picked_at_[size_t(layer)];
+  const bool fresh =
+      p_.reselect <= 1 || picked_at <= 0 || n_visible <= picked_at || n_visible - picked_at >= p_.reselect;
   // 1. score the key index (chunks fully visible to this query)
   const int64_t n_chunk = std::min(index_.n_chunks(layer), n_visible / c);
   std::vector<float> scores(size_t(H) * n_chunk);  // [n_kv_head, n_chunk]
-  index_.score(layer, q, scale, n_chunk, scores.data());
+  if (fresh) index_.score(layer, q, scale, n_chunk, scores.data());
   // 2. top-k ∪ sinks ∪ window ∪ pending ∪ outliers
   Selection local_sel;
   Selection& sel = sel_out ? *sel_out : local_sel;
@@ -161,11 +172,35 @@ void TieredKvStore::attend_one(int layer, const float* q, float scale, int64_t n
   sp.n_visible = n_visible;
   sp.chunk = c;
   sp.n_chunk = n_chunk;
-  sp.budget = budget_;
+  sp.budget = fresh ? budget_ : 0;
   sp.sink = p_.sink;
   sp.local = p_.local;
   select_tokens(sp, H, scores.data(),
                 p_.index == IndexKind::shadowkv ? &outliers_[layer] : nullptr, &sel);
+  if (p_.reselect > 1) {
+    // Resident now: the sinks, the window (the last `local` tokens and those not indexed yet), outliers.
+    const int64_t win_lo =
+        std::min(n_visible, std::max<int64_t>(p_.sink, n_visible - std::max<int64_t>(p_.local, n_visible - n_chunk * c)));
+    Selection merged;
+    merged.indptr.assign(size_t(H) + 1, 0);
+    for (int h = 0; h < H; ++h) {
+      std::vector<int64_t>& kept = kept_[size_t(layer)][size_t(h)];
+      const auto* b = sel.indices.data() + sel.indptr[h];
+      const auto* e = sel.indices.data() + sel.indptr[h + 1];
+      if (fresh) {
+        const auto& out = outliers_[layer][h];
+        kept.clear();
+        for (const auto* t = b; t != e; ++t)
+          if (*t >= p_.sink && *t < win_lo && !std::binary_search(out.begin(), out.end(), *t / c)) kept.push_back(*t);
+        merged.indices.insert(merged.indices.end(), b, e);
+      } else {
+        std::merge(b, e, kept.begin(), kept.end(), std::back_inserter(merged.indices));
+      }
+      merged.indptr[size_t(h) + 1] = int64_t(merged.indices.size());
+    }
+    sel = std::move(merged);
+    if (fresh) picked_at = n_visible;
+  }
   // 3. split into resident rows and host rows
   std::vector<int64_t> res_ptr(H + 1, 0), host_ptr(H + 1, 0);
   std::vector<int64_t> res_tok, host_tok;  // per head, concatenated

@@ -83,6 +83,10 @@ class TieredKvStore : public KvStore {
   std::vector<std::vector<std::vector<float>>> out_k_, out_v_;
   std::vector<std::vector<std::vector<int64_t>>> outliers_;  // [layer][kv_head] chunk ids
   std::vector<std::vector<std::vector<int64_t>>> prev_host_;  // [layer][kv_head] last query's host rows, sorted
+  // reselect=N: per layer the tokens visible at the last pick (0: none yet)
+  // and per KV head the tokens it picked that were not resident then, sorted.
+  std::vector<int64_t> picked_at_;
+  std::vector<std::vector<std::vector<int64_t>>> kept_;
   TieredStats stats_;
 };
 

@@ -110,6 +110,26 @@ void step_plan_rows(const Exec& x, const StepPlanParams& p, const int64_t* n, co
   step_plan_rows_cpu(p, n, budget_chunks, n_outlier, out);
 }
 
+void reselect_rows(const Exec& x, int n_seq, int every, int64_t* const* last, const StepRanges* ranges,
+                   StepRanges* out) {
+#ifdef KVT_CUDA
+  if (x.cuda()) return cuda::reselect_rows(x, n_seq, every, last, ranges, out);
+#endif
+  KVT_CHECK(!x.cuda(), "reselect_rows: built without CUDA");
+  note_cpu_decode_op();
+  reselect_rows_cpu(n_seq, every, last, ranges, out);
+}
+
+void keep_selection(const Exec& x, const KeepSelParams& p, const StepRanges* ranges, const int32_t* kslots,
+                    int32_t* const* kept, int32_t* sel) {
+#ifdef KVT_CUDA
+  if (x.cuda()) return cuda::keep_selection(x, p, ranges, kslots, kept, sel);
+#endif
+  KVT_CHECK(!x.cuda(), "keep_selection: built without CUDA");
+  note_cpu_decode_op();
+  keep_selection_cpu(p, ranges, kslots, kept, sel);
+}
+
 void index_query_rows(const Exec& x, const IndexQueryParams& p, const void* q, float* out) {
 #ifdef KVT_CUDA
   if (x.cuda()) return cuda::index_query_rows(x, p, q, out);

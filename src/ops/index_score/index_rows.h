@@ -13,7 +13,9 @@
 //   topk_rows     the k[s] best candidates per row, as chunk ids ascending,
 //                 right-aligned in kmax slots with −1 before them;
 //   expand_rows   chunk ids → token ids (ascending, −1 first), dropping
-//                 tokens that are resident (sinks, the window, outliers).
+//                 tokens that are resident (sinks, the window, outliers);
+//   reselect_rows, keep_selection  (policy reselect=N) which sequences pick
+//                 anew this step, and the picks kept for the steps between.
 // The CPU functions (index_rows_cpu.cpp) are the specification the CUDA ones
 // are tested against; dispatchers choose by Exec (index_rows.cpp).
 #pragma once
@@ -35,7 +37,7 @@ struct StepRanges {
   int64_t n_res = 0;    // resident tokens attended (sinks ∪ window; outliers aside)
   int64_t win_lo = 0;   // first token of the resident window
   int64_t n_out = 0;    // outlier tokens resident per head (shadowkv)
-  int64_t pad = 0;
+  int64_t fresh = 1;    // 1: the step selects anew; 0: it keeps its last selection (reselect_rows)
 };
 
 struct StepPlanParams {
@@ -221,6 +223,31 @@ void expand_rows(const Exec& x, const ExpandRowsParams& p, const int32_t* chunks
                  const StepRanges* ranges, int32_t* tokens);
 void expand_rows_cpu(const ExpandRowsParams& p, const int32_t* chunks, const int32_t* forced,
                      const StepRanges* ranges, int32_t* tokens);
+
+// Policy reselect=N (N > 1): whether each sequence selects anew this step.
+// last[s] points at the sequence's token count when it last selected (0:
+// never). It selects anew when it never did, when it holds no more tokens
+// than then (it was rewound), or when N tokens were added since, and then
+// stores n there. out[s] is ranges[s] (fresh = 1), or for a sequence that
+// keeps its selection ranges[s] without candidates (n_chunk = c_lo = c_hi =
+// k = 0, fresh = 0), so that scoring and top-k given out skip its rows.
+void reselect_rows(const Exec& x, int n_seq, int every, int64_t* const* last, const StepRanges* ranges,
+                   StepRanges* out);
+void reselect_rows_cpu(int n_seq, int every, int64_t* const* last, const StepRanges* ranges, StepRanges* out);
+
+// The selection each row keeps between the steps that select (reselect=N):
+// sel [rows, width] (token or chunk ids, −1 first, at most kslots[s] of
+// them); kept[r] holds kslots[s] ids, −1 first. A fresh row's last
+// kslots[s] ids are copied into kept[r]; another row's sel becomes kept[r]'s
+// ids, right-aligned, −1 before.
+struct KeepSelParams {
+  int64_t n_rows = 0;
+  int n_kv_head = 0, width = 0;
+};
+void keep_selection(const Exec& x, const KeepSelParams& p, const StepRanges* ranges, const int32_t* kslots,
+                    int32_t* const* kept, int32_t* sel);
+void keep_selection_cpu(const KeepSelParams& p, const StepRanges* ranges, const int32_t* kslots,
+                        int32_t* const* kept, int32_t* sel);
 
 // Resident slots attended by each row's query (sinks, then the window's ring
 // slots in token order, then the outlier tokens that are neither sinks nor in

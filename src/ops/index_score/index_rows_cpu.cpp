@@ -39,7 +39,37 @@ void step_plan_rows_cpu(const StepPlanParams& p, const int64_t* n, const int32_t
     r.k = std::min(want, r.c_hi - r.c_lo);
     r.n_res = std::min<int64_t>(r.n, p.sink) + (r.n - r.win_lo);
     r.n_out = n_outlier ? n_outlier[s] : 0;
-    r.pad = 0;
+    r.fresh = 1;
+  }
+}
+
+void reselect_rows_cpu(int n_seq, int every, int64_t* const* last, const StepRanges* ranges, StepRanges* out) {
+  for (int s = 0; s < n_seq; ++s) {
+    StepRanges r = ranges[s];
+    int64_t& at = *last[s];
+    if (at <= 0 || r.n <= at || r.n - at >= every) {
+      at = r.n;
+      r.fresh = 1;
+    } else {
+      r.n_chunk = r.c_lo = r.c_hi = r.k = 0;
+      r.fresh = 0;
+    }
+    out[s] = r;
+  }
+}
+
+void keep_selection_cpu(const KeepSelParams& p, const StepRanges* ranges, const int32_t* kslots,
+                        int32_t* const* kept, int32_t* sel) {
+  for (int64_t r = 0; r < p.n_rows; ++r) {
+    const int s = int(r / p.n_kv_head);
+    const int k = std::min(kslots[s], p.width);
+    int32_t* row = sel + r * p.width;
+    if (ranges[s].fresh) {
+      std::copy_n(row + p.width - k, k, kept[r]);
+    } else {
+      std::fill(row, row + p.width - k, -1);
+      std::copy_n(kept[r], k, row + p.width - k);
+    }
   }
 }
 

@@ -5,7 +5,8 @@
 // batch of sequences of any lengths, and nothing depends on host values that
 // change per step (a captured CUDA graph replays the step).
 //
-// Here: the step plan, the index query, the mask of forced chunks, the
+// Here: the step plan (and reselect=N's choice of who selects anew, with
+// the selections kept between), the index query, the mask of forced chunks, the
 // expansion of chunks to tokens and the resident list. Scoring and the GQA
 // aggregation are in score_rows_cuda.cu, the top-k in topk_rows_cuda.cu.
 #include <cuda_bf16.h>
@@ -38,8 +39,43 @@ __global__ void step_plan_kernel(StepPlanParams p, const int64_t* __restrict__ n
   r.k = min(want, r.c_hi - r.c_lo);
   r.n_res = min(r.n, int64_t(p.sink)) + (r.n - r.win_lo);
   r.n_out = n_outlier ? n_outlier[s] : 0;
-  r.pad = 0;
+  r.fresh = 1;
   out[s] = r;
+}
+
+// ---- reselect=N: who selects anew, and the kept selections
+
+__global__ void reselect_kernel(int n_seq, int every, int64_t* const* __restrict__ last,
+                                const StepRanges* __restrict__ ranges, StepRanges* __restrict__ out) {
+  const int s = blockIdx.x * blockDim.x + threadIdx.x;
+  if (s >= n_seq) return;
+  StepRanges r = ranges[s];
+  int64_t* at = last[s];
+  const int64_t a = *at;
+  if (a <= 0 || r.n <= a || r.n - a >= every) {
+    *at = r.n;
+    r.fresh = 1;
+  } else {
+    r.n_chunk = r.c_lo = r.c_hi = r.k = 0;
+    r.fresh = 0;
+  }
+  out[s] = r;
+}
+
+__global__ void keep_selection_kernel(KeepSelParams p, const StepRanges* __restrict__ ranges,
+                                      const int32_t* __restrict__ kslots, int32_t* const* __restrict__ kept,
+                                      int32_t* __restrict__ sel) {
+  // one block per row
+  const int64_t r = blockIdx.x;
+  const int s = int(r / p.n_kv_head);
+  const int k = min(kslots[s], p.width);
+  int32_t* row = sel + r * p.width;
+  int32_t* keep = kept[r];
+  if (ranges[s].fresh) {
+    for (int i = threadIdx.x; i < k; i += blockDim.x) keep[i] = row[p.width - k + i];
+  } else {
+    for (int i = threadIdx.x; i < p.width; i += blockDim.x) row[i] = i < p.width - k ? -1 : keep[i - (p.width - k)];
+  }
 }
 
 // ---- the query
@@ -185,6 +221,20 @@ void step_plan_rows(const Exec& x, const StepPlanParams& p, const int64_t* n, co
   if (p.n_seq <= 0) return;
   step_plan_kernel<<<unsigned((p.n_seq + 127) / 128), 128, 0, st(x)>>>(p, n, budget_chunks, n_outlier, out);
   KVT_CUDA_LAUNCH_CHECK("step_plan_kernel");
+}
+
+void reselect_rows(const Exec& x, int n_seq, int every, int64_t* const* last, const StepRanges* ranges,
+                   StepRanges* out) {
+  if (n_seq <= 0) return;
+  reselect_kernel<<<unsigned((n_seq + 127) / 128), 128, 0, st(x)>>>(n_seq, every, last, ranges, out);
+  KVT_CUDA_LAUNCH_CHECK("reselect_kernel");
+}
+
+void keep_selection(const Exec& x, const KeepSelParams& p, const StepRanges* ranges, const int32_t* kslots,
+                    int32_t* const* kept, int32_t* sel) {
+  if (p.n_rows == 0 || p.width == 0) return;
+  keep_selection_kernel<<<unsigned(p.n_rows), 256, 0, st(x)>>>(p, ranges, kslots, kept, sel);
+  KVT_CUDA_LAUNCH_CHECK("keep_selection_kernel");
 }
 
 void index_query_rows(const Exec& x, const IndexQueryParams& p, const void* q_bf16, float* out) {

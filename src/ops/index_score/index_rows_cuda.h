@@ -8,6 +8,10 @@ namespace kvtier::cuda {
 
 void step_plan_rows(const Exec& x, const StepPlanParams& p, const int64_t* n, const int32_t* budget_chunks,
                     const int32_t* n_outlier, StepRanges* out);
+void reselect_rows(const Exec& x, int n_seq, int every, int64_t* const* last, const StepRanges* ranges,
+                   StepRanges* out);
+void keep_selection(const Exec& x, const KeepSelParams& p, const StepRanges* ranges, const int32_t* kslots,
+                    int32_t* const* kept, int32_t* sel);
 void index_query_rows(const Exec& x, const IndexQueryParams& p, const void* q_bf16, float* out);
 void score_rows(const Exec& x, const ScoreRowsParams& p, const float* q, const uint8_t* const* plane0,
                 const uint8_t* const* plane1, const StepRanges* ranges, float* scores);

@@ -55,6 +55,82 @@ TEST(IndexRowsCuda, StepPlanMatchesCpu) {
     }
 }
 
+// reselect=N's ops: which sequences pick (and the counts they store), and
+// the kept selections, equal to the CPU's over a run of steps of ragged
+// sequences (width 40, kslots up to it).
+TEST(IndexRowsCuda, ReselectAndKeptSelectionsMatchCpu) {
+  KVT_REQUIRE_GPU();
+  Device dev(DeviceKind::cuda);
+  const Exec x = dev.exec();
+  std::mt19937 rng(9);
+  const int B = 5, H = 3, W = 40, every = 3;
+  const int64_t R = int64_t(B) * H;
+  std::vector<int64_t> at_cpu{0, 0, 57, 300, 1000};
+  const std::vector<int32_t> kslots{40, 17, 1, 40, 23};
+  std::vector<std::vector<int32_t>> kept_cpu(static_cast<size_t>(R));
+  std::vector<cuda::DeviceBuffer> kept_dev;
+  std::vector<int32_t*> kept_cpu_ptrs, kept_dev_ptrs;
+  for (int64_t r = 0; r < R; ++r) {
+    kept_cpu[size_t(r)].assign(size_t(kslots[size_t(r / H)]), -1);
+    kept_cpu_ptrs.push_back(kept_cpu[size_t(r)].data());
+    kept_dev.push_back(to_device(kept_cpu[size_t(r)]));
+    kept_dev_ptrs.push_back(kept_dev.back().data<int32_t>());
+  }
+  auto d_kept = to_device(kept_dev_ptrs);
+  auto d_at = to_device(at_cpu);
+  std::vector<int64_t*> at_ptrs;
+  for (int s = 0; s < B; ++s) at_ptrs.push_back(d_at.data<int64_t>() + s);
+  auto d_at_ptrs = to_device(at_ptrs);
+  std::vector<int64_t*> at_cpu_ptrs;
+  for (int s = 0; s < B; ++s) at_cpu_ptrs.push_back(&at_cpu[size_t(s)]);
+  auto d_kslots = to_device(kslots);
+  std::vector<int64_t> n{100, 2000, 58, 299, 1001};  // 299 < 300: rewound
+  int fresh_seen = 0, kept_seen = 0;
+  for (int step = 0; step < 7; ++step) {
+    std::vector<StepRanges> ranges(static_cast<size_t>(B)), want(static_cast<size_t>(B));
+    for (int s = 0; s < B; ++s) {
+      StepRanges& r = ranges[size_t(s)];
+      r.n = n[size_t(s)] + step;
+      r.n_chunk = r.n;
+      r.c_lo = 1;
+      r.c_hi = r.n - 4;
+      r.k = std::min<int64_t>(kslots[size_t(s)], r.c_hi - r.c_lo);
+      r.win_lo = r.n - 4;
+    }
+    reselect_rows_cpu(B, every, at_cpu_ptrs.data(), ranges.data(), want.data());
+    auto d_ranges = to_device(ranges);
+    cuda::DeviceBuffer d_out(size_t(B) * sizeof(StepRanges));
+    poison(d_out);
+    reselect_rows(x, B, every, d_at_ptrs.data<int64_t* const>(), d_ranges.data<StepRanges>(),
+                  d_out.data<StepRanges>());
+    const auto got = to_host<StepRanges>(d_out, size_t(B));
+    for (int s = 0; s < B; ++s) {
+      EXPECT_EQ(got[size_t(s)].fresh, want[size_t(s)].fresh) << "step " << step << " seq " << s;
+      EXPECT_EQ(got[size_t(s)].k, want[size_t(s)].k);
+      EXPECT_EQ(got[size_t(s)].c_hi, want[size_t(s)].c_hi);
+      EXPECT_EQ(got[size_t(s)].n_chunk, want[size_t(s)].n_chunk);
+      EXPECT_EQ(got[size_t(s)].win_lo, want[size_t(s)].win_lo);
+      (want[size_t(s)].fresh ? fresh_seen : kept_seen)++;
+    }
+    EXPECT_EQ(to_host<int64_t>(d_at, size_t(B)), at_cpu);
+    // A new selection in every row (right-aligned, −1 before); the kept rows get theirs back.
+    std::vector<int32_t> sel(static_cast<size_t>(R) * W);
+    for (int64_t r = 0; r < R; ++r) {
+      const int k = std::uniform_int_distribution<int>(0, kslots[size_t(r / H)])(rng);
+      for (int i = 0; i < W; ++i) sel[size_t(r * W + i)] = i < W - k ? -1 : int32_t(rng() % 5000);
+    }
+    auto d_sel = to_device(sel);
+    keep_selection_cpu(KeepSelParams{R, H, W}, want.data(), kslots.data(), kept_cpu_ptrs.data(), sel.data());
+    keep_selection(x, KeepSelParams{R, H, W}, d_out.data<StepRanges>(), d_kslots.data<int32_t>(),
+                   d_kept.data<int32_t* const>(), d_sel.data<int32_t>());
+    EXPECT_EQ(to_host<int32_t>(d_sel, sel.size()), sel) << "step " << step;
+    for (int64_t r = 0; r < R; ++r)
+      EXPECT_EQ(to_host<int32_t>(kept_dev[size_t(r)], kept_cpu[size_t(r)].size()), kept_cpu[size_t(r)]) << r;
+  }
+  EXPECT_GT(fresh_seen, B);
+  EXPECT_GT(kept_seen, B);
+}
+
 struct Rows {
   std::vector<std::vector<uint8_t>> host;  // per row: plane bytes
   std::vector<cuda::DeviceBuffer> dev;

@@ -155,6 +155,51 @@ TEST(TopkRowsCpu, EqualsTheReferenceOnEveryKindOfRow) {
 
 // How many blocks a row of a table scorer takes: one wave while the rows
 // fit the GPU's slots, then whole waves that leave few slots idle.
+// reselect=3: a sequence picks on its first step, keeps that pick for two
+// steps, picks again on the third; one that was rewound picks at once.
+// A fresh row stores its last kslots ids; a kept row gets them back,
+// right-aligned, −1 before.
+TEST(ReselectRowsCpu, PicksEveryNStepsAndKeepsThePickBetween) {
+  std::vector<int64_t> at{0, 100, 100, 100};
+  std::vector<int64_t*> last{&at[0], &at[1], &at[2], &at[3]};
+  std::vector<StepRanges> ranges(4), out(4);
+  const int64_t n[4] = {500, 101, 103, 90};  // never picked; 1 step on; 3 steps on; rewound
+  for (int s = 0; s < 4; ++s) {
+    ranges[size_t(s)].n = n[s];
+    ranges[size_t(s)].n_chunk = n[s];
+    ranges[size_t(s)].c_lo = 4;
+    ranges[size_t(s)].c_hi = n[s] - 8;
+    ranges[size_t(s)].k = 5;
+    ranges[size_t(s)].win_lo = n[s] - 8;
+  }
+  reselect_rows_cpu(4, 3, last.data(), ranges.data(), out.data());
+  EXPECT_EQ(std::vector<int64_t>({out[0].fresh, out[1].fresh, out[2].fresh, out[3].fresh}),
+            std::vector<int64_t>({1, 0, 1, 1}));
+  EXPECT_EQ(at, std::vector<int64_t>({500, 100, 103, 90}));
+  EXPECT_EQ(out[1].k, 0);
+  EXPECT_EQ(out[1].c_hi, out[1].c_lo);
+  EXPECT_EQ(out[1].n_chunk, 0);
+  EXPECT_EQ(out[1].win_lo, ranges[1].win_lo);  // what the resident attention reads is unchanged
+  EXPECT_EQ(out[0].k, 5);
+
+  // Two sequences of one KV head each; width 6; kslots 4 and 6.
+  const std::vector<int32_t> kslots{4, 6};
+  std::vector<int32_t> kept0(4, -1), kept1(6, -1);
+  std::vector<int32_t*> kept{kept0.data(), kept1.data()};
+  std::vector<int32_t> sel{-1, -1, -1, 7, 9, 11, /**/ 1, 2, 3, 4, 5, 6};
+  std::vector<StepRanges> two(2);
+  two[0].fresh = 1;
+  two[1].fresh = 1;
+  keep_selection_cpu(KeepSelParams{2, 1, 6}, two.data(), kslots.data(), kept.data(), sel.data());
+  EXPECT_EQ(kept0, std::vector<int32_t>({-1, 7, 9, 11}));
+  EXPECT_EQ(kept1, std::vector<int32_t>({1, 2, 3, 4, 5, 6}));
+  std::vector<int32_t> later{5, 5, 5, 5, 5, 5, /**/ 0, 0, 0, 0, 0, 0};
+  two[0].fresh = 0;
+  keep_selection_cpu(KeepSelParams{2, 1, 6}, two.data(), kslots.data(), kept.data(), later.data());
+  EXPECT_EQ(later, std::vector<int32_t>({-1, -1, -1, 7, 9, 11, /**/ 0, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(kept1, std::vector<int32_t>({0, 0, 0, 0, 0, 0}));  // row 1 was fresh again: stored anew
+}
+
 TEST(ScoreRowsTable, BlocksPerRowKeepEverySlotBusy) {
   EXPECT_EQ(table_blocks_per_row(8, 132, 64), 16);   // batch 1: 128 blocks, one wave
   EXPECT_EQ(table_blocks_per_row(96, 132, 64), 4);   // batch 12: 384 blocks in 3 waves (97 %), not 96
