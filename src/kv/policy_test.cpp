@@ -227,6 +227,12 @@ TEST(Accounting, Llama31_8BMatchesSpecArithmetic) {
     EXPECT_EQ(cs.decode_bytes - kv_gpu_charge(parse_policy(in_place), g, 4096, 4160).decode_bytes,
               kmax * 512 * 8 * 32);
   }
+  // reselect: the selection kept between picks, 4 B per budget token, KV head and layer.
+  EXPECT_EQ(kv_gpu_charge(parse_policy("yakv,store=gpu,cache=step,reselect=2"), g, 4096, 4160).decode_bytes -
+                cs.decode_bytes,
+            kmax * 4 * 8 * 32);
+  EXPECT_EQ(kv_gpu_charge(parse_policy("yakv,store=gpu,reselect=4"), g, 4096, 4160).prefill_bytes,
+            kv_gpu_charge(parse_policy("yakv,store=gpu"), g, 4096, 4160).prefill_bytes);
   EXPECT_FALSE(plan_kv(parse_policy("yakv,store=gpu,cache=step"), g, DeviceKind::cuda).in_place);
   EXPECT_FALSE(plan_kv(parse_policy("yakv"), g, DeviceKind::cuda).in_place);
   EXPECT_FALSE(plan_kv(parse_policy("yakv,store=gpu,kv=fp8"), g, DeviceKind::cuda).in_place);  // auto: step

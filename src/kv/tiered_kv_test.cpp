@@ -180,6 +180,28 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"yakv,budget=32,lm=residual,meta=higgs4,res=1bit,m=8,reselect=4"},
                       Case{"shadowkv,rank=24,budget=32,outliers=4,reselect=3"}));
 
+// reselect=N: a sequence counts the selection it keeps between picks, 4 B
+// per budget token, KV head and layer, and nothing else changes.
+TEST(TieredKvMemory, ReselectCountsTheKeptSelection) {
+  const int L = 2, D = 64, H = 2, QH = 4, W = H * D, n = 300;
+  const KvGeometry g = geometry(L, QH, H, D);
+  Device cpu(DeviceKind::cpu);
+  TieredKv plain(plan_kv(parse_policy("yakv,budget=32"), g, DeviceKind::cpu), cpu);
+  TieredKv kept(plan_kv(parse_policy("yakv,budget=32,reselect=3"), g, DeviceKind::cpu), cpu);
+  std::mt19937 rng(5);
+  for (int l = 0; l < L; ++l) {
+    const auto k = bf16_values(rng, size_t(n) * W, 1.f), v = bf16_values(rng, size_t(n) * W, 1.f);
+    plain.append(l, k.data(), k.data(), v.data(), W, n);
+    kept.append(l, k.data(), k.data(), v.data(), W, n);
+  }
+  const int64_t before = kept.memory().gpu_bytes;
+  EXPECT_EQ(before, plain.memory().gpu_bytes);  // nothing kept before decode starts
+  plain.start_decode();
+  kept.start_decode();
+  EXPECT_EQ(kept.memory().gpu_bytes - plain.memory().gpu_bytes, int64_t(L) * H * kept.seq().kmax_tokens() * 4);
+  EXPECT_EQ(kept.memory().host_bytes, plain.memory().host_bytes);
+}
+
 // cache=auto takes every token's cache only when free GPU memory holds it
 // twice plus the margin (max(1 GiB, 10 % of the device)); never on the CPU.
 TEST(CacheChoice, AutoLeavesRoomForTheNextPrefill) {
