@@ -108,7 +108,8 @@ TEST(EngineBatch, LongContextModelMixedPoliciesEqualSolo) {
   o.n_threads = 2;
   auto e = Engine::load(o);
   // 17 sequences: more than one forward pass takes (15), so the batch splits.
-  expect_batch_equals_solo(*e, requests(*e, 17, {"full", "yakv", "shadowkv", "yakv,kv=fp8", "yakv,reselect=2"}));
+  expect_batch_equals_solo(*e, requests(*e, 17, {"full", "yakv", "shadowkv", "yakv,kv=fp8", "yakv,reselect=2",
+                                                          "yakv,reselect=2,rescore=2"}));
 }
 
 TEST(EngineBatch, DefaultModelQuantizedWeightsEqualSolo) {

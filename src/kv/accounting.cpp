@@ -69,7 +69,8 @@ KvGpuCharge kv_gpu_charge(const PolicyConfig& p, const KvGeometry& g, int64_t n_
     return c;
   }
   // Per KV head and layer (TieredSeq::memory): the selection's slot numbers
-  // (and under reselect > 1 the selection kept between picks),
+  // (and under reselect > 1 the selection kept between picks, or with
+  // rescore=D the (D + 1)·kmax candidates rescored),
   // and under step the budget's slots (whole chunks) with their selection
   // state; under all every token's slot (in the footprint; the cache holds
   // room for at least kTieredMinCapacity tokens) and a bitmap word more per
@@ -78,7 +79,8 @@ KvGpuCharge kv_gpu_charge(const PolicyConfig& p, const KvGeometry& g, int64_t n_
   const int64_t HL = int64_t(g.n_kv_head) * g.n_layer;
   const int64_t kmax = std::max<int64_t>(1, budget_tokens(plan.policy, n_prompt) / plan.chunk) * plan.chunk;
   c.decode_bytes += kmax * 4 * HL;
-  if (plan.policy.reselect > 1) c.decode_bytes += kmax * 4 * HL;  // the selection kept between picks
+  if (plan.policy.reselect > 1)  // the selection kept between picks, or the candidates rescored
+    c.decode_bytes += kmax * (int64_t(plan.policy.rescore) + 1) * 4 * HL;
   if (plan.in_place) {
     c.decode_bytes += kmax * 4 * HL;  // the selection state; no slot
   } else if (plan.policy.cache == CacheMode::all) {

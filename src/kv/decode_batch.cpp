@@ -67,7 +67,7 @@ void DecodeBatch::build_tables() {
         t[4 * R + r] = Ly.stats ? uintptr_t(Ly.stats.data<float>() + h * q.stats_row()) : 0;
         t[5 * R + r] = uintptr_t(Ly.prev_sel.data<int32_t>() + h * q.sel_state_words());
         t[6 * R + r] = uintptr_t(Ly.prev_slot.data<int32_t>() + int64_t(h) * q.kmax_tokens());
-        t[7 * R + r] = Ly.kept_sel ? uintptr_t(Ly.kept_sel.data<int32_t>() + int64_t(h) * q.kmax_tokens()) : 0;
+        t[7 * R + r] = Ly.kept_sel ? uintptr_t(Ly.kept_sel.data<int32_t>() + int64_t(h) * q.kept_words()) : 0;
       }
       uintptr_t* st = t + kRowTables * R;
       st[0 * B + s] = uintptr_t(Ly.host.data());
@@ -145,6 +145,12 @@ void DecodeBatch::build_tables() {
   if (n_q > 1) ensure(gqa_scratch_, size_t(gqa_rows_scratch_bytes(R, n_q)));
   if (n_q > 1 && x_.cuda() && n_out_ == 0)
     ensure(topk_scratch_, size_t(gqa_topk_scratch_bytes(R, n_q, score_stride_)));
+  if (plan_.policy.rescore > 0) {  // the rescored candidates' index records, and the row tables scoring reads
+    const GatherCandParams gp = gather_params();
+    ensure(cand_rec0_, size_t(R * gp.stride0));
+    ensure(cand_rec1_, size_t(std::max<int64_t>(16, R * gp.stride1)));
+    ensure(score_planes_, size_t(2 * R) * sizeof(uintptr_t));
+  }
   gens_.clear();
   for (const TieredSeq* s : seqs_) gens_.push_back(s->generation());
   tables_ok_ = true;
@@ -234,6 +240,19 @@ const StepRanges* DecodeBatch::select_ranges() const {
                                              (plan_.policy.reselect > 1 ? off_sel_ranges_ : off_ranges_));
 }
 
+GatherCandParams DecodeBatch::gather_params() const {
+  GatherCandParams p;
+  p.n_rows = int64_t(n_seq()) * plan_.geometry.n_kv_head;
+  p.n_kv_head = plan_.geometry.n_kv_head;
+  const bool planar = plan_.index == IndexLayout::higgs2_planar;
+  p.bytes0 = planar ? 32 : plan_.index_rec_bytes;  // planar: the codes; a bf16 scale in plane 1
+  p.bytes1 = planar ? 2 : 0;
+  const int64_t w = int64_t(kmax_tok_) * (plan_.policy.rescore + 1);  // candidates per row at most (chunk = 1)
+  p.stride0 = (w * p.bytes0 + 15) / 16 * 16;
+  p.stride1 = (w * p.bytes1 + 15) / 16 * 16;
+  return p;
+}
+
 const int32_t* DecodeBatch::kslots() const {
   return reinterpret_cast<const int32_t*>(state_.data<uint8_t>() + off_kslots_);
 }
@@ -295,7 +314,8 @@ void DecodeBatch::begin_step() {
                  reinterpret_cast<const int32_t*>(state_.data<uint8_t>() + off_nout_),
                  reinterpret_cast<StepRanges*>(state_.data<uint8_t>() + off_ranges_));
   if (plan_.policy.reselect > 1)
-    reselect_rows(x_, B, plan_.policy.reselect, reinterpret_cast<int64_t* const*>(state_.data<uint8_t>() + off_last_),
+    reselect_rows(x_, B, plan_.policy.reselect, plan_.policy.rescore,
+                  reinterpret_cast<int64_t* const*>(state_.data<uint8_t>() + off_last_),
                   reinterpret_cast<const StepRanges*>(state_.data<uint8_t>() + off_ranges_),
                   reinterpret_cast<StepRanges*>(state_.data<uint8_t>() + off_sel_ranges_));
 }

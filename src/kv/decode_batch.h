@@ -74,6 +74,7 @@ class DecodeBatch {
   // its last selection).
   const StepRanges* select_ranges() const;
   const int32_t* kslots() const;  // [seqs] each sequence's budget in tokens
+  GatherCandParams gather_params() const;  // rescore=D: the candidates' records and their scratch
   FetchRows fetch_rows(const LayerRows& t);
   const uint8_t** view_rows();
 
@@ -96,6 +97,8 @@ class DecodeBatch {
   std::vector<uint8_t> host_state_;
   Buffer stage_;                      // host staging of pos0 (pinned on CUDA, so a graph can replay the copy)
   Buffer forced_;                     // [layers][rows][n_out] int32
+  Buffer cand_rec0_, cand_rec1_;      // rescore=D: [rows] the candidates' index records (gather_params)
+  Buffer score_planes_;               // rescore=D: [2][rows] where score_rows reads each row's records this layer
   Buffer qidx_, scores_, agg_, meta_scores_, chunks_, toks_, res_list_, slot_of_, part_out_, part_lse_, fetch_scratch_;
   std::vector<const uint8_t*> cpu_view_rows_;
   std::vector<const uint8_t*> cpu_res_rows_;

@@ -7,7 +7,8 @@
 // and its slots drop out: the attention reads the selected records themselves.
 // Under reselect=N a sequence scores and picks on every Nth step only: on
 // the others its rows have no candidates (the scoring and the top-k skip
-// them) and take back the selection kept from its last pick.
+// them) and take back the selection kept from its last pick, or (rescore=D)
+// score only the candidates that pick left and attend to their top-k.
 // Each stage is one op over all rows (row = sequence · KV head); the state it
 // reads is built once by DecodeBatch (decode_batch.cpp). No allocation, no
 // host synchronization: on CUDA the whole step is kernels on two streams.
@@ -59,7 +60,19 @@ void decode_step(DecodeBatch& b, int layer, const void* q, float scale, void* ou
   // The planar and byte-table scorers also sum each query's softmax as they go (on CUDA).
   const bool fused = per_query && x.cuda() && score_rows_leaves_partials(sp);
   if (fused) sp.gqa_scratch = b.gqa_scratch_.data();
-  score_rows(x, sp, b.qidx_.data<float>(), t.plane0, t.plane1, picks, b.scores_.data<float>());
+  // rescore=D: a row that keeps its pick scores its candidates instead, their
+  // records gathered where the scoring reads them (as chunks 0 .. W − 1).
+  const bool rescore = k.policy.rescore > 0;
+  const uint8_t* const* plane0 = t.plane0;
+  const uint8_t* const* plane1 = t.plane1;
+  if (rescore) {
+    const uint8_t** planes = b.score_planes_.data<const uint8_t*>();
+    gather_candidates(x, b.gather_params(), picks, t.kept_sel, t.plane0, t.plane1, b.cand_rec0_.data<uint8_t>(),
+                      b.cand_rec1_.data<uint8_t>(), planes);
+    plane0 = planes;
+    plane1 = planes + n_rows;
+  }
+  score_rows(x, sp, b.qidx_.data<float>(), plane0, plane1, picks, b.scores_.data<float>());
   const GqaRowsParams gp{n_seq, H, group, b.score_stride_, b.score_stride_, b.gqa_scratch_.data(), fused,
                          b.topk_scratch_.data()};
   // Without outliers to mask, the aggregation happens inside the top-k (select).
@@ -75,6 +88,8 @@ void decode_step(DecodeBatch& b, int layer, const void* q, float scale, void* ou
   }
   int32_t* sel = b.chunks_.data<int32_t>();
   int sel_width = b.kmax_chunk_;
+  // rescore=D: a fresh pick becomes the row's candidates; a rescored one, positions among them, their ids.
+  if (rescore) candidate_rows(x, CandidateRowsParams{n_rows, H, b.kmax_chunk_, k.policy.rescore}, picks, t.kept_sel, sel);
   if (k.chunk > 1 || forced) {
     ExpandRowsParams ep{n_rows, H, b.kmax_chunk_, k.chunk, k.sink, b.n_out_};
     expand_rows(x, ep, sel, forced, picks, b.toks_.data<int32_t>());
@@ -82,7 +97,7 @@ void decode_step(DecodeBatch& b, int layer, const void* q, float scale, void* ou
     sel_width = b.kmax_tok_;
   }
   // reselect=N: a fresh pick is kept for the steps that follow; they take it back.
-  if (k.policy.reselect > 1) keep_selection(x, KeepSelParams{n_rows, H, sel_width}, picks, b.kslots(), t.kept_sel, sel);
+  if (k.policy.reselect > 1 && !rescore) keep_selection(x, KeepSelParams{n_rows, H, sel_width}, picks, b.kslots(), t.kept_sel, sel);
   b.last_sel_ = sel;
   b.last_sel_width_ = sel_width;
 

@@ -200,7 +200,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"yakv,budget=48,gqa=mean", 256, 8, 2}, Case{"oracle,budget=48", 256, 8, 2},
                       Case{"yakv,budget=48,reselect=3"}, Case{"yakv,budget=48,gqa=mean,reselect=2"},
                       Case{"landmarks,chunk=8,budget=40,sink=3,local=13,reselect=4"},
-                      Case{"shadowkv,rank=32,budget=48,outliers=4,reselect=2"}));
+                      Case{"shadowkv,rank=32,budget=48,outliers=4,reselect=2"},
+                      Case{"yakv,budget=48,reselect=2,rescore=2"}, Case{"yakv,budget=48,gqa=mean,reselect=3,rescore=1"},
+                      Case{"oracle,budget=48,reselect=2,rescore=3"}, Case{"yakv,budget=48,reselect=2,rescore=2", 128, 28, 4}));
 
 // cache=auto: every token's decoded K/V where GPU memory allows (a small
 // sequence: always), and on the CPU the last step's selection.
@@ -305,7 +307,8 @@ TEST_P(DecodeStepBatch, BatchEqualsSolo) {
 
 INSTANTIATE_TEST_SUITE_P(Policies, DecodeStepBatch,
                          ::testing::Values("yakv,budget=0.0625,min_budget=16",
-                                           "yakv,budget=0.0625,min_budget=16,reselect=3"));
+                                           "yakv,budget=0.0625,min_budget=16,reselect=3",
+                                           "yakv,budget=0.0625,min_budget=16,reselect=3,rescore=2"));
 
 }  // namespace
 }  // namespace kvtier

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include <cblas.h>
@@ -240,7 +241,8 @@ void KeyIndex::finish_prompt() {
   }
 }
 
-void KeyIndex::score(int layer, const float* q, float scale, int64_t n_chunk, float* out) const {
+void KeyIndex::score(int layer, const float* q, float scale, int64_t n_chunk, float* out,
+                     const std::vector<std::vector<int64_t>>* only) const {
   const int H = g_.n_kv_head, D = g_.head_dim, QH = g_.n_head;
   const int group = QH / H;
   KVT_CHECK(n_chunk <= n_chunks_[layer], "key index: {} chunks asked, {} indexed", n_chunk,
@@ -252,6 +254,18 @@ void KeyIndex::score(int layer, const float* q, float scale, int64_t n_chunk, fl
   for (int h = 0; h < QH && n_chunk > 0; ++h)
     cblas_sgemv(CblasRowMajor, CblasNoTrans, int(n_chunk), D, scale, mir + size_t(h / group) * D, H * D,
                 q + size_t(h) * D, 1, 0.0f, raw.data() + size_t(h) * n_chunk, 1);
+  if (only) {
+    std::vector<uint8_t> in(static_cast<size_t>(n_chunk));
+    for (int h = 0; h < QH; ++h) {
+      if (h % group == 0) {
+        std::fill(in.begin(), in.end(), 0);
+        for (int64_t c : (*only)[size_t(h / group)])
+          if (c < n_chunk) in[size_t(c)] = 1;
+      }
+      for (int64_t c = 0; c < n_chunk; ++c)
+        if (!in[size_t(c)]) raw[size_t(h) * n_chunk + c] = -std::numeric_limits<float>::infinity();
+    }
+  }
   aggregate_gqa(p_.gqa, QH, H, n_chunk, raw.data(), out);
 }
 

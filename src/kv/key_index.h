@@ -53,8 +53,10 @@ class KeyIndex {
   int64_t n_chunks(int layer) const { return n_chunks_[layer]; }
   // Per query head raw scores scale·q_h·landmark, aggregated over each GQA
   // group (policy gqa) into out: [n_kv_head, n_chunk] f32, chunks [0, n_chunk).
-  // q: [n_head, head_dim] f32
-  void score(int layer, const float* q, float scale, int64_t n_chunk, float* out) const;
+  // q: [n_head, head_dim] f32. only (policy rescore): per KV head the
+  // chunks scored (sorted); the others score −∞ before the aggregation.
+  void score(int layer, const float* q, float scale, int64_t n_chunk, float* out,
+             const std::vector<std::vector<int64_t>>* only = nullptr) const;
 
   // shadowkv: outlier chunk ids per KV head (sorted); empty otherwise.
   const std::vector<int64_t>& outliers(int layer, int kv_head) const {

@@ -16,7 +16,7 @@ namespace {
 const char* kPresets = "full, shadowkv, yakv, oracle, landmarks";
 const char* kKeys =
     "index, chunk, lm, meta, res, m, rank, kv, keys_prerope, budget, min_budget, sink, local, outliers, "
-    "reselect, gqa, cache, prefill, store";
+    "reselect, rescore, gqa, cache, prefill, store";
 
 PolicyConfig preset(const std::string& name) {
   PolicyConfig p;
@@ -233,6 +233,8 @@ PolicyConfig parse_policy(const std::string& text) {
       p.outliers = parse_int(key, v, 0, 1 << 30);
     } else if (key == "reselect") {
       p.reselect = parse_int(key, v, 1, 1 << 20);
+    } else if (key == "rescore") {
+      p.rescore = parse_int(key, v, 0, 1 << 10);
     } else if (key == "gqa") {
       if (v == "shadowkv") p.gqa = GqaMode::shadowkv;
       else if (v == "mean") p.gqa = GqaMode::mean;
@@ -263,7 +265,8 @@ PolicyConfig parse_policy(const std::string& text) {
               index_name(p.index), why);
   };
   bool dense = p.index == IndexKind::none;
-  for (const char* k : {"budget", "min_budget", "sink", "local", "reselect", "gqa", "chunk", "lm", "keys_prerope", "cache"})
+  for (const char* k : {"budget", "min_budget", "sink", "local", "reselect", "rescore", "gqa", "chunk", "lm", "keys_prerope",
+                        "cache"})
     forbid(dense, k, "dense attention selects nothing");
   forbid(dense, "prefill", "dense attention keeps every token's K/V on the device");
   forbid(dense, "store", "dense attention has no quantized store: its K/V stay on the device");
@@ -292,6 +295,14 @@ PolicyConfig parse_policy(const std::string& text) {
   }
   if (!dense) KVT_CHECK(p.budget > 0, "kv policy '{}': a sparse index needs budget=", text);
   if (p.index == IndexKind::exact) p.chunk = 1;
+  if (p.rescore > 0) {
+    KVT_CHECK(p.reselect > 1, "kv policy '{}': rescore=D rescores candidates between picks, which needs reselect > 1",
+              text);
+    KVT_CHECK(p.chunk == 1, "kv policy '{}': rescore needs chunk=1 (its candidates are the tokens after each picked one)",
+              text);
+    KVT_CHECK(p.outliers == 0, "kv policy '{}': rescore with outlier chunks is not supported (outliers=0)", text);
+    KVT_CHECK(!p.residual, "kv policy '{}': rescore with lm=residual is not supported", text);
+  }
   return p;
 }
 
@@ -316,6 +327,7 @@ std::string to_string(const PolicyConfig& p) {
                      p.gqa == GqaMode::shadowkv ? "shadowkv" : "mean");
     if (p.min_budget > 0) s += fmt::format(",min_budget={}", p.min_budget);
     if (p.reselect > 1) s += fmt::format(",reselect={}", p.reselect);
+    if (p.rescore > 0) s += fmt::format(",rescore={}", p.rescore);
     if (p.cache != CacheMode::auto_) s += fmt::format(",cache={}", cache_mode_name(p.cache));
     if (p.prefill != PrefillMode::auto_) s += fmt::format(",prefill={}", prefill_mode_name(p.prefill));
     if (p.store != StoreMode::host) s += fmt::format(",store={}", store_mode_name(p.store));

@@ -23,6 +23,12 @@
 //             step only; the steps between attend to the tokens that last
 //             pick chose (with the sinks and the current window), which
 //             skips the index and the top-k on N − 1 of N steps
+//   rescore : with reselect > 1, the steps between picks rescore candidates
+//             instead of reusing the pick (default 0: reuse it): each token
+//             of the last pick and the D tokens after it (runs of D + 1,
+//             pushed right where they overlap: k·(D + 1) candidates), scored
+//             with the current query, and the top-k of them attended. Needs
+//             chunk=1 and no outlier chunks
 //   gqa     : shadowkv (softmax per query head over chunks, max over the group) | mean
 //   cache   : the decoded K/V kept on the GPU between steps: step (the last
 //             step's selection, kmax slots per KV head), all (every token of the
@@ -84,6 +90,7 @@ struct PolicyConfig {
   int local = 0;
   int outliers = 0;  // outlier chunks (shadowkv)
   int reselect = 1;  // decode steps per selection
+  int rescore = 0;   // reselect > 1: successors per pick token rescored between picks (0: reuse the pick)
   GqaMode gqa = GqaMode::shadowkv;
   CacheMode cache = CacheMode::auto_;
   PrefillMode prefill = PrefillMode::auto_;

@@ -118,13 +118,27 @@ TEST(Policy, ReselectEveryNSteps) {
   EXPECT_NE(error_of("full,reselect=2").find("reselect"), std::string::npos);
 }
 
+TEST(Policy, RescoreBetweenPicks) {
+  EXPECT_EQ(parse_policy("yakv,reselect=2").rescore, 0);
+  EXPECT_EQ(parse_policy("yakv,reselect=2,rescore=3").rescore, 3);
+  EXPECT_EQ(parse_policy("oracle,reselect=4,rescore=1").rescore, 1);
+  EXPECT_NE(to_string(parse_policy("yakv,reselect=2,rescore=2")).find(",rescore=2"), std::string::npos);
+  // Refused: nothing to rescore between picks, chunks, outliers, residual landmarks, bad values.
+  EXPECT_NE(error_of("yakv,rescore=2").find("reselect > 1"), std::string::npos);
+  EXPECT_NE(error_of("landmarks,reselect=2,rescore=2").find("chunk=1"), std::string::npos);
+  EXPECT_NE(error_of("shadowkv,reselect=2,rescore=2").find("chunk=1"), std::string::npos);
+  EXPECT_NE(error_of("yakv,lm=residual,reselect=2,rescore=2").find("residual"), std::string::npos);
+  EXPECT_NE(error_of("yakv,reselect=2,rescore=-1").find("rescore"), std::string::npos);
+  EXPECT_NE(error_of("full,rescore=1").find("rescore"), std::string::npos);
+}
+
 TEST(Policy, RoundTripsThroughToString) {
   for (const char* s :
        {"full", "full,kv=f32", "shadowkv", "shadowkv,rank=160", "yakv", "oracle",
         "landmarks,chunk=4,lm=int4:g32", "yakv,lm=residual,meta=higgs4,res=1bit,m=4",
         "yakv,gqa=mean,sink=4,keys_prerope=1", "oracle,budget=512", "yakv,min_budget=1024",
         "yakv,cache=step", "oracle,cache=all", "yakv,prefill=stream", "shadowkv,prefill=dense",
-        "yakv,store=gpu,cache=step", "shadowkv,reselect=3"}) {
+        "yakv,store=gpu,cache=step", "shadowkv,reselect=3", "yakv,reselect=2,rescore=2"}) {
     PolicyConfig p = parse_policy(s);
     std::string t = to_string(p);
     EXPECT_EQ(to_string(parse_policy(t)), t) << s;
@@ -231,6 +245,9 @@ TEST(Accounting, Llama31_8BMatchesSpecArithmetic) {
   EXPECT_EQ(kv_gpu_charge(parse_policy("yakv,store=gpu,cache=step,reselect=2"), g, 4096, 4160).decode_bytes -
                 cs.decode_bytes,
             kmax * 4 * 8 * 32);
+  EXPECT_EQ(kv_gpu_charge(parse_policy("yakv,store=gpu,cache=step,reselect=2,rescore=2"), g, 4096, 4160).decode_bytes -
+                cs.decode_bytes,
+            kmax * 3 * 4 * 8 * 32);  // rescore=2: the candidates, 3 per budget token
   EXPECT_EQ(kv_gpu_charge(parse_policy("yakv,store=gpu,reselect=4"), g, 4096, 4160).prefill_bytes,
             kv_gpu_charge(parse_policy("yakv,store=gpu"), g, 4096, 4160).prefill_bytes);
   EXPECT_FALSE(plan_kv(parse_policy("yakv,store=gpu,cache=step"), g, DeviceKind::cuda).in_place);

@@ -333,7 +333,7 @@ void TieredSeq::start_decode() {
     fill(x_, L.prev_sel.data(), cache_all_ ? 0 : 0xff, L.prev_sel.bytes());  // cache=all: no token held yet
     fill(x_, L.prev_slot.data(), 0xff, L.prev_slot.bytes());
     if (plan_.policy.reselect > 1) {
-      L.kept_sel = dev_.alloc(size_t(H) * kmax_tok_ * 4);
+      L.kept_sel = dev_.alloc(size_t(H) * kept_words() * 4);
       fill(x_, L.kept_sel.data(), 0xff, L.kept_sel.bytes());
     }
     if (plan_.host == HostLayout::values_only) {
@@ -341,8 +341,8 @@ void TieredSeq::start_decode() {
     }
   }
   if (plan_.policy.reselect > 1) {
-    reselect_at_ = dev_.alloc(8);
-    fill(x_, reselect_at_.data(), 0, 8);
+    reselect_at_ = dev_.alloc(16);  // tokens at the last pick; rescore: its candidate count
+    fill(x_, reselect_at_.data(), 0, 16);
   }
   sync(x_);
   needs_fill_ = cache_all_;
@@ -410,7 +410,7 @@ KvMemory TieredSeq::memory() const {
     }
     if (decoding_)  // slots, selection state
       m.gpu_bytes += H * (slot_row_tokens() * plan_.slot_bytes + 4 * sel_state_words() + 4 * kmax_tok_ +
-                          (plan_.policy.reselect > 1 ? 4 * kmax_tok_ : 0));
+                          (plan_.policy.reselect > 1 ? 4 * kept_words() : 0));
     m.host_bytes += n * plan_.host_tok_bytes;
     if (plan_.host == HostLayout::values_only && decoding_) m.host_bytes += (n - n_prompt_) * plan_.host_tok_bytes;
     if (plan_.host_spec.kind == QuantKind::nvfp4) m.host_bytes += 8;  // the per-tensor scales

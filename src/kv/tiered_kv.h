@@ -51,7 +51,8 @@ struct TieredLayer {
   Buffer host, kplane;
   Buffer resident;
   Buffer slots, prev_sel, prev_slot, slot_of;
-  Buffer kept_sel;                 // policy reselect > 1: [H][kmax] int32, the selection kept between picks
+  Buffer kept_sel;                 // policy reselect > 1: [H][kept_words] int32, the selection kept between
+                                   // picks, or (rescore=D) the candidates rescored
   Buffer outliers;                 // shadowkv: [H][outliers] int32 chunk ids, ascending
   Buffer svd_a, svd_b;             // shadowkv: U·S [n_prompt][rank], Vᵀ [rank][H·D], bf16
   Buffer stats;                    // shadowkv prefill: [H][cap_chunks] f32 min cos
@@ -81,6 +82,9 @@ class TieredSeq {
   int64_t capacity() const { return cap_; }
   int64_t budget_tokens() const { return budget_; }
   int kmax_tokens() const { return kmax_tok_; }
+  // reselect > 1: int32 words per KV head of the selection kept between picks
+  // (kmax_tokens), or with rescore=D of the candidates ((D + 1)·kmax_tokens).
+  int64_t kept_words() const { return int64_t(kmax_tok_) * (plan_.policy.rescore + 1); }
   bool cache_all() const { return cache_all_; }        // policy cache=all (or auto that chose it)
   // policy store=gpu on a CUDA device: the store (host tier) in device memory
   bool store_on_gpu() const { return plan_.policy.store == StoreMode::gpu && dev_.kind() == DeviceKind::cuda; }
@@ -166,7 +170,8 @@ class TieredSeq {
   Buffer grid_, signs_, meta_grid_, meta_signs_, host_grid_, host_signs_;  // quantizer tables (device)
   Buffer inv_freq_;                 // RoPE [head_dim/2] f32 (device)
   Buffer counters_;                 // [2] selected, misses (device)
-  Buffer reselect_at_;              // policy reselect > 1: int64, tokens held at the last selection (0: none yet)
+  Buffer reselect_at_;              // policy reselect > 1: int64 tokens held at the last selection (0: none yet),
+                                    // then (rescore) int64 its candidate count
   Buffer scales_;                   // [n_layer][3] nvfp4 per-tensor scales: host K, host V, landmarks (device)
   Buffer tables_;                   // this sequence's row tables for prefill appends (device)
   std::vector<uint8_t> host_tables_;

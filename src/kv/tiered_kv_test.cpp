@@ -178,7 +178,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"yakv,budget=32,reselect=3"}, Case{"yakv,budget=32,store=gpu,reselect=2"},
                       Case{"landmarks,chunk=8,budget=40,sink=3,local=13,reselect=2"},
                       Case{"yakv,budget=32,lm=residual,meta=higgs4,res=1bit,m=8,reselect=4"},
-                      Case{"shadowkv,rank=24,budget=32,outliers=4,reselect=3"}));
+                      Case{"shadowkv,rank=24,budget=32,outliers=4,reselect=3"},
+                      Case{"yakv,budget=32,reselect=2,rescore=2"}, Case{"yakv,budget=32,reselect=3,rescore=1,gqa=mean"},
+                      Case{"oracle,budget=32,reselect=4,rescore=3"},
+                      Case{"yakv,budget=32,store=gpu,reselect=3,rescore=2"},
+                      Case{"yakv,budget=0.25,reselect=2,rescore=4"}));  // every token a candidate
 
 // reselect=N: a sequence counts the selection it keeps between picks, 4 B
 // per budget token, KV head and layer, and nothing else changes.
@@ -200,6 +204,14 @@ TEST(TieredKvMemory, ReselectCountsTheKeptSelection) {
   kept.start_decode();
   EXPECT_EQ(kept.memory().gpu_bytes - plain.memory().gpu_bytes, int64_t(L) * H * kept.seq().kmax_tokens() * 4);
   EXPECT_EQ(kept.memory().host_bytes, plain.memory().host_bytes);
+  // rescore=D: the candidates, (D + 1)·kmax words per KV head and layer.
+  TieredKv re(plan_kv(parse_policy("yakv,budget=32,reselect=3,rescore=2"), g, DeviceKind::cpu), cpu);
+  for (int l = 0; l < L; ++l) {
+    const auto k = bf16_values(rng, size_t(n) * W, 1.f), v = bf16_values(rng, size_t(n) * W, 1.f);
+    re.append(l, k.data(), k.data(), v.data(), W, n);
+  }
+  re.start_decode();
+  EXPECT_EQ(re.memory().gpu_bytes - plain.memory().gpu_bytes, int64_t(L) * H * re.seq().kmax_tokens() * 3 * 4);
 }
 
 // cache=auto takes every token's cache only when free GPU memory holds it

@@ -161,10 +161,12 @@ void TieredKvStore::attend_one(int layer, const float* q, float scale, int64_t n
   int64_t& picked_at = picked_at_[size_t(layer)];
   const bool fresh =
       p_.reselect <= 1 || picked_at <= 0 || n_visible <= picked_at || n_visible - picked_at >= p_.reselect;
-  // 1. score the key index (chunks fully visible to this query)
+  // 1. score the key index (chunks fully visible to this query); rescore=D
+  //    between picks: the candidates only
   const int64_t n_chunk = std::min(index_.n_chunks(layer), n_visible / c);
   std::vector<float> scores(size_t(H) * n_chunk);  // [n_kv_head, n_chunk]
-  if (fresh) index_.score(layer, q, scale, n_chunk, scores.data());
+  const bool rescore = !fresh && p_.rescore > 0;
+  if (fresh || rescore) index_.score(layer, q, scale, n_chunk, scores.data(), rescore ? &kept_[size_t(layer)] : nullptr);
   // 2. top-k ∪ sinks ∪ window ∪ pending ∪ outliers
   Selection local_sel;
   Selection& sel = sel_out ? *sel_out : local_sel;
@@ -173,11 +175,40 @@ void TieredKvStore::attend_one(int layer, const float* q, float scale, int64_t n
   sp.chunk = c;
   sp.n_chunk = n_chunk;
   sp.budget = fresh ? budget_ : 0;
+  if (rescore) sp.budget = std::min<int64_t>(budget_, int64_t(kept_[size_t(layer)][0].size()));
   sp.sink = p_.sink;
   sp.local = p_.local;
   select_tokens(sp, H, scores.data(),
                 p_.index == IndexKind::shadowkv ? &outliers_[layer] : nullptr, &sel);
-  if (p_.reselect > 1) {
+  if (p_.reselect > 1 && p_.rescore > 0) {
+    // The candidates of a fresh pick (chunk = 1: its tokens in [sink, win_lo)):
+    // runs of D + 1 tokens, each starting at its pick or right after the run
+    // before, pushed left where they would reach win_lo; or every token there.
+    if (fresh) {
+      const int64_t lo = std::min<int64_t>(p_.sink, n_chunk);
+      const int64_t hi = std::max(lo, std::min(n_chunk, n_visible - p_.local));
+      const int64_t run = p_.rescore + 1;
+      for (int h = 0; h < H; ++h) {
+        std::vector<int64_t> pick;
+        for (int64_t i = sel.indptr[h]; i < sel.indptr[h + 1]; ++i)
+          if (sel.indices[i] >= lo && sel.indices[i] < hi) pick.push_back(sel.indices[i]);
+        std::vector<int64_t>& cand = kept_[size_t(layer)][size_t(h)];
+        cand.clear();
+        const int64_t k = int64_t(pick.size());
+        if (k * run >= hi - lo) {
+          for (int64_t t = lo; t < hi; ++t) cand.push_back(t);
+          continue;
+        }
+        int64_t end = lo;
+        for (int64_t i = 0; i < k; ++i) {
+          const int64_t start = std::max(pick[size_t(i)], end);
+          for (int64_t j = 0; j < run; ++j) cand.push_back(std::min(start, hi - (k - i) * run) + j);
+          end = start + run;
+        }
+      }
+      picked_at = n_visible;
+    }
+  } else if (p_.reselect > 1) {
     // Resident now: the sinks, the window (the last `local` tokens and those not indexed yet), outliers.
     const int64_t win_lo =
         std::min(n_visible, std::max<int64_t>(p_.sink, n_visible - std::max<int64_t>(p_.local, n_visible - n_chunk * c)));

@@ -85,6 +85,8 @@ class TieredKvStore : public KvStore {
   std::vector<std::vector<std::vector<int64_t>>> prev_host_;  // [layer][kv_head] last query's host rows, sorted
   // reselect=N: per layer the tokens visible at the last pick (0: none yet)
   // and per KV head the tokens it picked that were not resident then, sorted.
+  // rescore=D: instead, per KV head the candidates rescored until the next
+  // pick (candidate_rows' runs of the pick), sorted.
   std::vector<int64_t> picked_at_;
   std::vector<std::vector<std::vector<int64_t>>> kept_;
   TieredStats stats_;

@@ -617,7 +617,8 @@ TEST(GpuModel, BatchedDecodeStepsMatchEachSequenceAlone) {
     // launch (a DecodeBatch of several sequences): yakv and yakv,kv=fp8 twice.
     const std::vector<std::string> policies{"full", "yakv", "yakv,kv=fp8", "full,kv=fp8", "yakv,budget=0.05,min_budget=16",
                                             "oracle", "full", "yakv", "yakv,kv=fp8", "yakv,store=gpu,cache=step",
-                                            "yakv,store=gpu,cache=step", "yakv,reselect=2", "yakv,reselect=2"};
+                                            "yakv,store=gpu,cache=step", "yakv,reselect=2", "yakv,reselect=2",
+                                            "yakv,reselect=2,rescore=2", "yakv,reselect=2,rescore=2"};
     const int n = int(policies.size());
     std::vector<std::vector<int32_t>> prompts;
     std::vector<GreedyRun> solo;

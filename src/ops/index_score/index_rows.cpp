@@ -110,14 +110,35 @@ void step_plan_rows(const Exec& x, const StepPlanParams& p, const int64_t* n, co
   step_plan_rows_cpu(p, n, budget_chunks, n_outlier, out);
 }
 
-void reselect_rows(const Exec& x, int n_seq, int every, int64_t* const* last, const StepRanges* ranges,
-                   StepRanges* out) {
+void reselect_rows(const Exec& x, int n_seq, int every, int rescore, int64_t* const* last,
+                   const StepRanges* ranges, StepRanges* out) {
 #ifdef KVT_CUDA
-  if (x.cuda()) return cuda::reselect_rows(x, n_seq, every, last, ranges, out);
+  if (x.cuda()) return cuda::reselect_rows(x, n_seq, every, rescore, last, ranges, out);
 #endif
   KVT_CHECK(!x.cuda(), "reselect_rows: built without CUDA");
   note_cpu_decode_op();
-  reselect_rows_cpu(n_seq, every, last, ranges, out);
+  reselect_rows_cpu(n_seq, every, rescore, last, ranges, out);
+}
+
+void candidate_rows(const Exec& x, const CandidateRowsParams& p, const StepRanges* ranges, int32_t* const* cand,
+                    int32_t* sel) {
+#ifdef KVT_CUDA
+  if (x.cuda()) return cuda::candidate_rows(x, p, ranges, cand, sel);
+#endif
+  KVT_CHECK(!x.cuda(), "candidate_rows: built without CUDA");
+  note_cpu_decode_op();
+  candidate_rows_cpu(p, ranges, cand, sel);
+}
+
+void gather_candidates(const Exec& x, const GatherCandParams& p, const StepRanges* ranges,
+                       const int32_t* const* cand, const uint8_t* const* plane0, const uint8_t* const* plane1,
+                       uint8_t* scratch0, uint8_t* scratch1, const uint8_t** rows) {
+#ifdef KVT_CUDA
+  if (x.cuda()) return cuda::gather_candidates(x, p, ranges, cand, plane0, plane1, scratch0, scratch1, rows);
+#endif
+  KVT_CHECK(!x.cuda(), "gather_candidates: built without CUDA");
+  note_cpu_decode_op();
+  gather_candidates_cpu(p, ranges, cand, plane0, plane1, scratch0, scratch1, rows);
 }
 
 void keep_selection(const Exec& x, const KeepSelParams& p, const StepRanges* ranges, const int32_t* kslots,

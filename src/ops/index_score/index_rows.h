@@ -15,7 +15,9 @@
 //   expand_rows   chunk ids → token ids (ascending, −1 first), dropping
 //                 tokens that are resident (sinks, the window, outliers);
 //   reselect_rows, keep_selection  (policy reselect=N) which sequences pick
-//                 anew this step, and the picks kept for the steps between.
+//                 anew this step, and the picks kept for the steps between;
+//   candidate_rows, gather_candidates  (and rescore=D) the candidates rescored
+//                 between picks, and their records where scoring reads them.
 // The CPU functions (index_rows_cpu.cpp) are the specification the CUDA ones
 // are tested against; dispatchers choose by Exec (index_rows.cpp).
 #pragma once
@@ -226,14 +228,60 @@ void expand_rows_cpu(const ExpandRowsParams& p, const int32_t* chunks, const int
 
 // Policy reselect=N (N > 1): whether each sequence selects anew this step.
 // last[s] points at the sequence's token count when it last selected (0:
-// never). It selects anew when it never did, when it holds no more tokens
-// than then (it was rewound), or when N tokens were added since, and then
-// stores n there. out[s] is ranges[s] (fresh = 1), or for a sequence that
-// keeps its selection ranges[s] without candidates (n_chunk = c_lo = c_hi =
-// k = 0, fresh = 0), so that scoring and top-k given out skip its rows.
-void reselect_rows(const Exec& x, int n_seq, int every, int64_t* const* last, const StepRanges* ranges,
-                   StepRanges* out);
-void reselect_rows_cpu(int n_seq, int every, int64_t* const* last, const StepRanges* ranges, StepRanges* out);
+// never), and with rescore > 0 at its candidate count after it. It selects
+// anew when it never did, when it holds no more tokens than then (it was
+// rewound), or when N tokens were added since, and then stores n there (and
+// candidate_count(ranges[s], rescore) after it). out[s] is ranges[s]
+// (fresh = 1), or for a sequence that keeps its selection ranges[s] without
+// candidates (n_chunk = c_lo = c_hi = k = 0, fresh = 0), so that scoring and
+// top-k given out skip its rows; with rescore > 0 its candidates instead, as
+// chunks 0 .. W − 1 (n_chunk = c_hi = W, c_lo = 0, k = min(k, W), fresh = 0),
+// which gather_candidates puts where score_rows reads them.
+void reselect_rows(const Exec& x, int n_seq, int every, int rescore, int64_t* const* last,
+                   const StepRanges* ranges, StepRanges* out);
+void reselect_rows_cpu(int n_seq, int every, int rescore, int64_t* const* last, const StepRanges* ranges,
+                       StepRanges* out);
+
+// Policy rescore=D: the candidates a row rescores on the steps between its
+// picks. A pick of k ids p_0 < .. < p_{k−1} in [c_lo, c_hi) becomes runs of
+// D + 1 ids: run i starts at p_i, or right after run i − 1 where that is
+// later, and is pushed left where the runs would reach c_hi, so that the
+// k·(D + 1) candidates are distinct, ascending and in [c_lo, c_hi). Where
+// that is no fewer than c_hi − c_lo, every id there is a candidate.
+constexpr int64_t candidate_count(const StepRanges& r, int rescore) {
+  const int64_t n = r.c_hi - r.c_lo, w = r.k * (int64_t(rescore) + 1);
+  return w < n ? w : n;
+}
+// sel [rows, kmax] (topk_rows' output); cand[r]: the row's candidates, as
+// many as candidate_count. A fresh row's pick (ranges[s].fresh, its k ids
+// right-aligned in sel) becomes its candidates; a kept row's sel holds
+// positions into its candidates (the top-k of the rescored ones), which
+// become the candidates' ids in place (ascending, as the positions were).
+struct CandidateRowsParams {
+  int64_t n_rows = 0;
+  int n_kv_head = 0, kmax = 0, rescore = 0;
+};
+void candidate_rows(const Exec& x, const CandidateRowsParams& p, const StepRanges* ranges, int32_t* const* cand,
+                    int32_t* sel);
+void candidate_rows_cpu(const CandidateRowsParams& p, const StepRanges* ranges, int32_t* const* cand, int32_t* sel);
+
+// The index records a kept row rescores, where score_rows reads them:
+// rows[r] and rows[n_rows + r] become plane0[r] and plane1[r] for a fresh
+// row, or scratch0 + r·stride0 and scratch1 + r·stride1 for a kept row,
+// whose W = ranges[s].c_hi candidates' records (bytes0 in plane0, bytes1 in
+// plane1; 0: the plane is unused) are copied there in order.
+struct GatherCandParams {
+  int64_t n_rows = 0;
+  int n_kv_head = 0;
+  int64_t bytes0 = 0, bytes1 = 0;    // record bytes per chunk in each plane
+  int64_t stride0 = 0, stride1 = 0;  // scratch bytes per row
+};
+void gather_candidates(const Exec& x, const GatherCandParams& p, const StepRanges* ranges,
+                       const int32_t* const* cand, const uint8_t* const* plane0, const uint8_t* const* plane1,
+                       uint8_t* scratch0, uint8_t* scratch1, const uint8_t** rows);
+void gather_candidates_cpu(const GatherCandParams& p, const StepRanges* ranges, const int32_t* const* cand,
+                           const uint8_t* const* plane0, const uint8_t* const* plane1, uint8_t* scratch0,
+                           uint8_t* scratch1, const uint8_t** rows);
 
 // The selection each row keeps between the steps that select (reselect=N):
 // sel [rows, width] (token or chunk ids, −1 first, at most kslots[s] of

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstring>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -43,18 +44,75 @@ void step_plan_rows_cpu(const StepPlanParams& p, const int64_t* n, const int32_t
   }
 }
 
-void reselect_rows_cpu(int n_seq, int every, int64_t* const* last, const StepRanges* ranges, StepRanges* out) {
+void reselect_rows_cpu(int n_seq, int every, int rescore, int64_t* const* last, const StepRanges* ranges,
+                       StepRanges* out) {
   for (int s = 0; s < n_seq; ++s) {
     StepRanges r = ranges[s];
-    int64_t& at = *last[s];
-    if (at <= 0 || r.n <= at || r.n - at >= every) {
-      at = r.n;
+    int64_t* at = last[s];
+    if (at[0] <= 0 || r.n <= at[0] || r.n - at[0] >= every) {
+      at[0] = r.n;
+      if (rescore > 0) at[1] = candidate_count(r, rescore);
       r.fresh = 1;
+    } else if (rescore > 0) {
+      r.n_chunk = r.c_hi = at[1];
+      r.c_lo = 0;
+      r.k = std::min(r.k, at[1]);
+      r.fresh = 0;
     } else {
       r.n_chunk = r.c_lo = r.c_hi = r.k = 0;
       r.fresh = 0;
     }
     out[s] = r;
+  }
+}
+
+void candidate_rows_cpu(const CandidateRowsParams& p, const StepRanges* ranges, int32_t* const* cand, int32_t* sel) {
+  const int64_t run = int64_t(p.rescore) + 1;
+  for (int64_t r = 0; r < p.n_rows; ++r) {
+    const StepRanges& sr = ranges[r / p.n_kv_head];
+    int32_t* row = sel + r * p.kmax;
+    int32_t* c = cand[r];
+    if (!sr.fresh) {
+      for (int i = 0; i < p.kmax; ++i)
+        if (row[i] >= 0) row[i] = c[row[i]];
+      continue;
+    }
+    const int64_t k = std::min<int64_t>(sr.k, p.kmax), w = candidate_count(sr, p.rescore);
+    if (w < k * run) {  // every id of [c_lo, c_hi)
+      for (int64_t i = 0; i < w; ++i) c[i] = int32_t(sr.c_lo + i);
+      continue;
+    }
+    const int32_t* pick = row + (p.kmax - k);
+    int64_t end = std::numeric_limits<int64_t>::min();  // the end of run i − 1
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t start = std::min(std::max<int64_t>(pick[i], end), sr.c_hi - (k - i) * run);
+      for (int64_t j = 0; j < run; ++j) c[i * run + j] = int32_t(start + j);
+      end = std::max<int64_t>(pick[i], end) + run;
+    }
+  }
+}
+
+void gather_candidates_cpu(const GatherCandParams& p, const StepRanges* ranges, const int32_t* const* cand,
+                           const uint8_t* const* plane0, const uint8_t* const* plane1, uint8_t* scratch0,
+                           uint8_t* scratch1, const uint8_t** rows) {
+  for (int64_t r = 0; r < p.n_rows; ++r) {
+    const StepRanges& sr = ranges[r / p.n_kv_head];
+    if (sr.fresh) {
+      rows[r] = plane0[r];
+      rows[p.n_rows + r] = plane1 ? plane1[r] : nullptr;
+      continue;
+    }
+    KVT_CHECK(sr.c_hi * p.bytes0 <= p.stride0 && sr.c_hi * p.bytes1 <= p.stride1,
+              "gather_candidates: {} candidates exceed the scratch row", sr.c_hi);
+    uint8_t* o0 = scratch0 + r * p.stride0;
+    uint8_t* o1 = p.bytes1 ? scratch1 + r * p.stride1 : nullptr;
+    for (int64_t i = 0; i < sr.c_hi; ++i) {
+      const int64_t id = cand[r][i];
+      std::memcpy(o0 + i * p.bytes0, plane0[r] + id * p.bytes0, size_t(p.bytes0));
+      if (o1) std::memcpy(o1 + i * p.bytes1, plane1[r] + id * p.bytes1, size_t(p.bytes1));
+    }
+    rows[r] = o0;
+    rows[p.n_rows + r] = o1;
   }
 }
 

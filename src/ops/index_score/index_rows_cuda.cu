@@ -6,11 +6,13 @@
 // change per step (a captured CUDA graph replays the step).
 //
 // Here: the step plan (and reselect=N's choice of who selects anew, with
-// the selections kept between), the index query, the mask of forced chunks, the
+// the selections kept between or, rescore=D, the candidates rescored), the index query, the mask of forced chunks, the
 // expansion of chunks to tokens and the resident list. Scoring and the GQA
 // aggregation are in score_rows_cuda.cu, the top-k in topk_rows_cuda.cu.
 #include <cuda_bf16.h>
 
+#include <algorithm>
+#include <climits>
 #include <cub/block/block_scan.cuh>
 
 #include "backend/cuda_backend.h"
@@ -45,21 +47,116 @@ __global__ void step_plan_kernel(StepPlanParams p, const int64_t* __restrict__ n
 
 // ---- reselect=N: who selects anew, and the kept selections
 
-__global__ void reselect_kernel(int n_seq, int every, int64_t* const* __restrict__ last,
+__global__ void reselect_kernel(int n_seq, int every, int rescore, int64_t* const* __restrict__ last,
                                 const StepRanges* __restrict__ ranges, StepRanges* __restrict__ out) {
   const int s = blockIdx.x * blockDim.x + threadIdx.x;
   if (s >= n_seq) return;
   StepRanges r = ranges[s];
   int64_t* at = last[s];
-  const int64_t a = *at;
+  const int64_t a = at[0];
   if (a <= 0 || r.n <= a || r.n - a >= every) {
-    *at = r.n;
+    at[0] = r.n;
+    if (rescore > 0) at[1] = candidate_count(r, rescore);
     r.fresh = 1;
+  } else if (rescore > 0) {
+    r.n_chunk = r.c_hi = at[1];
+    r.c_lo = 0;
+    r.k = min(r.k, at[1]);
+    r.fresh = 0;
   } else {
     r.n_chunk = r.c_lo = r.c_hi = r.k = 0;
     r.fresh = 0;
   }
   out[s] = r;
+}
+
+// ---- rescore=D: the candidates rescored between picks
+
+constexpr int kCandThreads = 256;
+struct MaxOp {
+  __device__ long long operator()(long long a, long long b) const { return a > b ? a : b; }
+};
+
+// One block per row. A fresh row's runs: run i starts at
+// u_i = i·run + max_{j ≤ i} (p_j − j·run) (the later of p_i and the end of
+// run i − 1), pushed left to c_hi − (k − i)·run; the prefix max is a block
+// scan over tiles of the pick, carried from tile to tile.
+__global__ void candidate_rows_kernel(CandidateRowsParams p, const StepRanges* __restrict__ ranges,
+                                      int32_t* const* __restrict__ cand, int32_t* __restrict__ sel) {
+  using Scan = cub::BlockScan<long long, kCandThreads>;
+  __shared__ typename Scan::TempStorage tmp;
+  __shared__ long long carry;
+  const int64_t r = blockIdx.x;
+  const StepRanges sr = ranges[r / p.n_kv_head];
+  int32_t* row = sel + r * p.kmax;
+  int32_t* c = cand[r];
+  if (!sr.fresh) {
+    for (int i = threadIdx.x; i < p.kmax; i += kCandThreads) {
+      const int32_t v = row[i];
+      if (v >= 0) row[i] = c[v];
+    }
+    return;
+  }
+  const long long run = p.rescore + 1;
+  const long long k = min(sr.k, int64_t(p.kmax)), w = candidate_count(sr, p.rescore);
+  if (w < k * run) {
+    for (long long i = threadIdx.x; i < w; i += kCandThreads) c[i] = int32_t(sr.c_lo + i);
+    return;
+  }
+  const int32_t* pick = row + (p.kmax - k);
+  if (threadIdx.x == 0) carry = LLONG_MIN;
+  __syncthreads();
+  for (long long t0 = 0; t0 < k; t0 += kCandThreads) {
+    const long long i = t0 + threadIdx.x;
+    const long long v = i < k ? pick[i] - i * run : LLONG_MIN;
+    long long m;
+    Scan(tmp).InclusiveScan(v, m, MaxOp());
+    m = max(m, carry);
+    __syncthreads();  // every thread has read carry
+    if (threadIdx.x == kCandThreads - 1) carry = m;
+    if (i < k) {
+      const long long start = min(i * run + m, sr.c_hi - (k - i) * run);
+      for (long long j = 0; j < run; ++j) c[i * run + j] = int32_t(start + j);
+    }
+    __syncthreads();  // carry written; the scan's storage free again
+  }
+}
+
+__device__ __forceinline__ void copy_record(uint8_t* dst, const uint8_t* src, int64_t bytes) {
+  if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | uintptr_t(bytes)) & 15) == 0) {
+    for (int64_t i = 0; i < bytes; i += 16)
+      *reinterpret_cast<uint4*>(dst + i) = __ldg(reinterpret_cast<const uint4*>(src + i));
+  } else if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | uintptr_t(bytes)) & 1) == 0) {
+    for (int64_t i = 0; i < bytes; i += 2)
+      *reinterpret_cast<uint16_t*>(dst + i) = *reinterpret_cast<const uint16_t*>(src + i);
+  } else {
+    for (int64_t i = 0; i < bytes; ++i) dst[i] = src[i];
+  }
+}
+
+// Blocks (row, part): a thread per candidate record.
+__global__ void gather_candidates_kernel(GatherCandParams p, const StepRanges* __restrict__ ranges,
+                                         const int32_t* const* __restrict__ cand,
+                                         const uint8_t* const* __restrict__ plane0,
+                                         const uint8_t* const* __restrict__ plane1, uint8_t* __restrict__ scratch0,
+                                         uint8_t* __restrict__ scratch1, const uint8_t** __restrict__ rows) {
+  const int64_t r = blockIdx.x;
+  const StepRanges& sr = ranges[r / p.n_kv_head];
+  uint8_t* o0 = scratch0 + r * p.stride0;
+  uint8_t* o1 = p.bytes1 ? scratch1 + r * p.stride1 : nullptr;
+  if (blockIdx.y == 0 && threadIdx.x == 0) {
+    rows[r] = sr.fresh ? plane0[r] : o0;
+    rows[p.n_rows + r] = sr.fresh ? (plane1 ? plane1[r] : nullptr) : o1;
+  }
+  if (sr.fresh) return;
+  const int32_t* c = cand[r];
+  const uint8_t* src0 = plane0[r];
+  const uint8_t* src1 = o1 ? plane1[r] : nullptr;
+  for (int64_t i = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; i < sr.c_hi; i += int64_t(gridDim.y) * blockDim.x) {
+    const int64_t id = c[i];
+    copy_record(o0 + i * p.bytes0, src0 + id * p.bytes0, p.bytes0);
+    if (o1) copy_record(o1 + i * p.bytes1, src1 + id * p.bytes1, p.bytes1);
+  }
 }
 
 __global__ void keep_selection_kernel(KeepSelParams p, const StepRanges* __restrict__ ranges,
@@ -223,11 +320,30 @@ void step_plan_rows(const Exec& x, const StepPlanParams& p, const int64_t* n, co
   KVT_CUDA_LAUNCH_CHECK("step_plan_kernel");
 }
 
-void reselect_rows(const Exec& x, int n_seq, int every, int64_t* const* last, const StepRanges* ranges,
-                   StepRanges* out) {
+void reselect_rows(const Exec& x, int n_seq, int every, int rescore, int64_t* const* last,
+                   const StepRanges* ranges, StepRanges* out) {
   if (n_seq <= 0) return;
-  reselect_kernel<<<unsigned((n_seq + 127) / 128), 128, 0, st(x)>>>(n_seq, every, last, ranges, out);
+  reselect_kernel<<<unsigned((n_seq + 127) / 128), 128, 0, st(x)>>>(n_seq, every, rescore, last, ranges, out);
   KVT_CUDA_LAUNCH_CHECK("reselect_kernel");
+}
+
+void candidate_rows(const Exec& x, const CandidateRowsParams& p, const StepRanges* ranges, int32_t* const* cand,
+                    int32_t* sel) {
+  if (p.n_rows == 0 || p.kmax == 0) return;
+  candidate_rows_kernel<<<unsigned(p.n_rows), kCandThreads, 0, st(x)>>>(p, ranges, cand, sel);
+  KVT_CUDA_LAUNCH_CHECK("candidate_rows_kernel");
+}
+
+void gather_candidates(const Exec& x, const GatherCandParams& p, const StepRanges* ranges,
+                       const int32_t* const* cand, const uint8_t* const* plane0, const uint8_t* const* plane1,
+                       uint8_t* scratch0, uint8_t* scratch1, const uint8_t** rows) {
+  if (p.n_rows == 0) return;
+  KVT_CHECK(p.bytes0 > 0, "gather_candidates: records of {} bytes", p.bytes0);
+  const int64_t w_max = p.stride0 / p.bytes0;  // the most candidates a row holds
+  const unsigned parts = unsigned(std::max<int64_t>(1, std::min<int64_t>(64, (w_max + 255) / 256)));
+  gather_candidates_kernel<<<dim3(unsigned(p.n_rows), parts), 256, 0, st(x)>>>(p, ranges, cand, plane0, plane1,
+                                                                               scratch0, scratch1, rows);
+  KVT_CUDA_LAUNCH_CHECK("gather_candidates_kernel");
 }
 
 void keep_selection(const Exec& x, const KeepSelParams& p, const StepRanges* ranges, const int32_t* kslots,

@@ -8,8 +8,13 @@ namespace kvtier::cuda {
 
 void step_plan_rows(const Exec& x, const StepPlanParams& p, const int64_t* n, const int32_t* budget_chunks,
                     const int32_t* n_outlier, StepRanges* out);
-void reselect_rows(const Exec& x, int n_seq, int every, int64_t* const* last, const StepRanges* ranges,
-                   StepRanges* out);
+void reselect_rows(const Exec& x, int n_seq, int every, int rescore, int64_t* const* last,
+                   const StepRanges* ranges, StepRanges* out);
+void candidate_rows(const Exec& x, const CandidateRowsParams& p, const StepRanges* ranges, int32_t* const* cand,
+                    int32_t* sel);
+void gather_candidates(const Exec& x, const GatherCandParams& p, const StepRanges* ranges,
+                       const int32_t* const* cand, const uint8_t* const* plane0, const uint8_t* const* plane1,
+                       uint8_t* scratch0, uint8_t* scratch1, const uint8_t** rows);
 void keep_selection(const Exec& x, const KeepSelParams& p, const StepRanges* ranges, const int32_t* kslots,
                     int32_t* const* kept, int32_t* sel);
 void index_query_rows(const Exec& x, const IndexQueryParams& p, const void* q_bf16, float* out);

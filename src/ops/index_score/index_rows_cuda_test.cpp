@@ -97,11 +97,11 @@ TEST(IndexRowsCuda, ReselectAndKeptSelectionsMatchCpu) {
       r.k = std::min<int64_t>(kslots[size_t(s)], r.c_hi - r.c_lo);
       r.win_lo = r.n - 4;
     }
-    reselect_rows_cpu(B, every, at_cpu_ptrs.data(), ranges.data(), want.data());
+    reselect_rows_cpu(B, every, 0, at_cpu_ptrs.data(), ranges.data(), want.data());
     auto d_ranges = to_device(ranges);
     cuda::DeviceBuffer d_out(size_t(B) * sizeof(StepRanges));
     poison(d_out);
-    reselect_rows(x, B, every, d_at_ptrs.data<int64_t* const>(), d_ranges.data<StepRanges>(),
+    reselect_rows(x, B, every, 0, d_at_ptrs.data<int64_t* const>(), d_ranges.data<StepRanges>(),
                   d_out.data<StepRanges>());
     const auto got = to_host<StepRanges>(d_out, size_t(B));
     for (int s = 0; s < B; ++s) {
@@ -129,6 +129,129 @@ TEST(IndexRowsCuda, ReselectAndKeptSelectionsMatchCpu) {
   }
   EXPECT_GT(fresh_seen, B);
   EXPECT_GT(kept_seen, B);
+}
+
+// rescore=D's ops over a run of steps of ragged sequences, equal to the
+// CPU's: who picks (and the candidate counts stored), the candidates of a
+// fresh pick (long picks: several scan tiles), the records gathered for the
+// rows that rescore, and the positions they pick mapped back to ids.
+TEST(IndexRowsCuda, RescoreCandidatesMatchCpu) {
+  KVT_REQUIRE_GPU();
+  Device dev(DeviceKind::cuda);
+  const Exec x = dev.exec();
+  std::mt19937 rng(21);
+  const int B = 4, H = 2, every = 3, D = 2, kmax = 700;
+  const int64_t R = int64_t(B) * H, bytes0 = 32, bytes1 = 2, cap = 6000;
+  const int64_t wmax = int64_t(kmax) * (D + 1);
+  std::vector<int64_t> at_cpu(2 * B, 0);
+  at_cpu[4] = 300;  // sequence 2: picked at 300 tokens, n = 299 below: rewound
+  auto d_at = to_device(at_cpu);
+  std::vector<int64_t*> at_ptrs, at_cpu_ptrs;
+  for (int s = 0; s < B; ++s) {
+    at_ptrs.push_back(d_at.data<int64_t>() + 2 * s);
+    at_cpu_ptrs.push_back(&at_cpu[size_t(2 * s)]);
+  }
+  auto d_at_ptrs = to_device(at_ptrs);
+  // Candidates per row, and index planes of random bytes.
+  std::vector<std::vector<int32_t>> cand_cpu(static_cast<size_t>(R), std::vector<int32_t>(size_t(wmax), -1));
+  std::vector<cuda::DeviceBuffer> cand_dev;
+  std::vector<int32_t*> cand_cpu_ptrs, cand_dev_ptrs;
+  std::vector<std::vector<uint8_t>> p0(static_cast<size_t>(R)), p1(static_cast<size_t>(R));
+  std::vector<cuda::DeviceBuffer> p0_dev, p1_dev;
+  std::vector<const uint8_t*> p0_cpu_ptrs, p1_cpu_ptrs, p0_dev_ptrs, p1_dev_ptrs;
+  for (int64_t r = 0; r < R; ++r) {
+    cand_cpu_ptrs.push_back(cand_cpu[size_t(r)].data());
+    cand_dev.push_back(to_device(cand_cpu[size_t(r)]));
+    cand_dev_ptrs.push_back(cand_dev.back().data<int32_t>());
+    p0[size_t(r)].resize(size_t(cap * bytes0));
+    p1[size_t(r)].resize(size_t(cap * bytes1));
+    for (auto& b : p0[size_t(r)]) b = uint8_t(rng());
+    for (auto& b : p1[size_t(r)]) b = uint8_t(rng());
+    p0_cpu_ptrs.push_back(p0[size_t(r)].data());
+    p1_cpu_ptrs.push_back(p1[size_t(r)].data());
+    p0_dev.push_back(to_device(p0[size_t(r)]));
+    p1_dev.push_back(to_device(p1[size_t(r)]));
+    p0_dev_ptrs.push_back(p0_dev.back().data<uint8_t>());
+    p1_dev_ptrs.push_back(p1_dev.back().data<uint8_t>());
+  }
+  auto d_cand = to_device(cand_dev_ptrs);
+  auto d_p0 = to_device(p0_dev_ptrs), d_p1 = to_device(p1_dev_ptrs);
+  const GatherCandParams gp{R, H, bytes0, bytes1, wmax * bytes0, (wmax * bytes1 + 15) / 16 * 16};
+  std::vector<uint8_t> s0(size_t(R * gp.stride0)), s1(size_t(R * gp.stride1));
+  cuda::DeviceBuffer d_s0(s0.size()), d_s1(s1.size()), d_rows(size_t(2 * R) * sizeof(void*));
+  std::vector<const uint8_t*> rows_cpu(size_t(2 * R));
+  const std::vector<int64_t> n{100, 5000, 299, 2600};
+  const std::vector<int32_t> budget{40, 700, 90, 640};
+  int fresh_seen = 0, kept_seen = 0, all_seen = 0;
+  for (int step = 0; step < 7; ++step) {
+    std::vector<StepRanges> ranges(static_cast<size_t>(B)), want(static_cast<size_t>(B));
+    for (int s = 0; s < B; ++s) {
+      StepRanges& r = ranges[size_t(s)];
+      r.n = r.n_chunk = n[size_t(s)] + step;
+      r.c_lo = 4;
+      r.c_hi = r.win_lo = r.n - 16;
+      r.k = std::min<int64_t>(budget[size_t(s)], r.c_hi - r.c_lo);
+    }
+    reselect_rows_cpu(B, every, D, at_cpu_ptrs.data(), ranges.data(), want.data());
+    auto d_ranges = to_device(ranges);
+    cuda::DeviceBuffer d_want(size_t(B) * sizeof(StepRanges));
+    poison(d_want);
+    reselect_rows(x, B, every, D, d_at_ptrs.data<int64_t* const>(), d_ranges.data<StepRanges>(),
+                  d_want.data<StepRanges>());
+    const auto got = to_host<StepRanges>(d_want, size_t(B));
+    for (int s = 0; s < B; ++s) {
+      const StepRanges &g = got[size_t(s)], &w = want[size_t(s)];
+      EXPECT_EQ(g.fresh, w.fresh) << "step " << step << " seq " << s;
+      EXPECT_EQ(g.k, w.k);
+      EXPECT_EQ(g.c_lo, w.c_lo);
+      EXPECT_EQ(g.c_hi, w.c_hi);
+      EXPECT_EQ(g.n_chunk, w.n_chunk);
+      (w.fresh ? fresh_seen : kept_seen)++;
+      if (w.fresh && candidate_count(w, D) < w.k * (D + 1)) ++all_seen;
+    }
+    EXPECT_EQ(to_host<int64_t>(d_at, at_cpu.size()), at_cpu);
+    // The records the rescoring rows read.
+    gather_candidates_cpu(gp, want.data(), cand_cpu_ptrs.data(), p0_cpu_ptrs.data(), p1_cpu_ptrs.data(), s0.data(),
+                          s1.data(), rows_cpu.data());
+    gather_candidates(x, gp, d_want.data<StepRanges>(), d_cand.data<const int32_t* const>(),
+                      d_p0.data<const uint8_t* const>(), d_p1.data<const uint8_t* const>(), d_s0.data<uint8_t>(),
+                      d_s1.data<uint8_t>(), d_rows.data<const uint8_t*>());
+    const auto rows_got = to_host<const uint8_t*>(d_rows, size_t(2 * R));
+    const auto s0_got = to_host<uint8_t>(d_s0, s0.size()), s1_got = to_host<uint8_t>(d_s1, s1.size());
+    for (int64_t r = 0; r < R; ++r) {
+      const StepRanges& w = want[size_t(r / H)];
+      if (w.fresh) {
+        EXPECT_EQ(rows_got[size_t(r)], p0_dev_ptrs[size_t(r)]);
+        EXPECT_EQ(rows_got[size_t(R + r)], p1_dev_ptrs[size_t(r)]);
+        continue;
+      }
+      EXPECT_EQ(rows_got[size_t(r)], d_s0.data<uint8_t>() + r * gp.stride0);
+      EXPECT_EQ(rows_got[size_t(R + r)], d_s1.data<uint8_t>() + r * gp.stride1);
+      const size_t o0 = size_t(r * gp.stride0), o1 = size_t(r * gp.stride1);
+      EXPECT_TRUE(std::equal(s0.begin() + o0, s0.begin() + o0 + w.c_hi * bytes0, s0_got.begin() + o0)) << r;
+      EXPECT_TRUE(std::equal(s1.begin() + o1, s1.begin() + o1 + w.c_hi * bytes1, s1_got.begin() + o1)) << r;
+    }
+    // A top-k per row: fresh rows pick ids, rescoring rows positions among their candidates.
+    std::vector<int32_t> sel(static_cast<size_t>(R) * kmax, -1);
+    for (int64_t r = 0; r < R; ++r) {
+      const StepRanges& w = want[size_t(r / H)];
+      std::vector<int32_t> pool(size_t(w.c_hi - w.c_lo));
+      for (size_t i = 0; i < pool.size(); ++i) pool[i] = int32_t(w.c_lo + int64_t(i));
+      std::shuffle(pool.begin(), pool.end(), rng);
+      std::sort(pool.begin(), pool.begin() + w.k);
+      std::copy(pool.begin(), pool.begin() + w.k, sel.begin() + (r + 1) * kmax - w.k);
+    }
+    auto d_sel = to_device(sel);
+    candidate_rows_cpu(CandidateRowsParams{R, H, kmax, D}, want.data(), cand_cpu_ptrs.data(), sel.data());
+    candidate_rows(x, CandidateRowsParams{R, H, kmax, D}, d_want.data<StepRanges>(), d_cand.data<int32_t* const>(),
+                   d_sel.data<int32_t>());
+    EXPECT_EQ(to_host<int32_t>(d_sel, sel.size()), sel) << "step " << step;
+    for (int64_t r = 0; r < R; ++r)
+      EXPECT_EQ(to_host<int32_t>(cand_dev[size_t(r)], size_t(wmax)), cand_cpu[size_t(r)]) << "step " << step << " row " << r;
+  }
+  EXPECT_GT(fresh_seen, B);
+  EXPECT_GT(kept_seen, B);
+  EXPECT_GT(all_seen, 0);
 }
 
 struct Rows {

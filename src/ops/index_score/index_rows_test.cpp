@@ -6,8 +6,10 @@
 // an exact selection among the candidates) equals the reference top-k.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -161,7 +163,7 @@ TEST(TopkRowsCpu, EqualsTheReferenceOnEveryKindOfRow) {
 // right-aligned, −1 before.
 TEST(ReselectRowsCpu, PicksEveryNStepsAndKeepsThePickBetween) {
   std::vector<int64_t> at{0, 100, 100, 100};
-  std::vector<int64_t*> last{&at[0], &at[1], &at[2], &at[3]};
+  std::vector<int64_t*> last{&at[0], &at[1], &at[2], &at[3]};  // rescore = 0: one word each
   std::vector<StepRanges> ranges(4), out(4);
   const int64_t n[4] = {500, 101, 103, 90};  // never picked; 1 step on; 3 steps on; rewound
   for (int s = 0; s < 4; ++s) {
@@ -172,7 +174,7 @@ TEST(ReselectRowsCpu, PicksEveryNStepsAndKeepsThePickBetween) {
     ranges[size_t(s)].k = 5;
     ranges[size_t(s)].win_lo = n[s] - 8;
   }
-  reselect_rows_cpu(4, 3, last.data(), ranges.data(), out.data());
+  reselect_rows_cpu(4, 3, 0, last.data(), ranges.data(), out.data());
   EXPECT_EQ(std::vector<int64_t>({out[0].fresh, out[1].fresh, out[2].fresh, out[3].fresh}),
             std::vector<int64_t>({1, 0, 1, 1}));
   EXPECT_EQ(at, std::vector<int64_t>({500, 100, 103, 90}));
@@ -198,6 +200,107 @@ TEST(ReselectRowsCpu, PicksEveryNStepsAndKeepsThePickBetween) {
   keep_selection_cpu(KeepSelParams{2, 1, 6}, two.data(), kslots.data(), kept.data(), later.data());
   EXPECT_EQ(later, std::vector<int32_t>({-1, -1, -1, 7, 9, 11, /**/ 0, 0, 0, 0, 0, 0}));
   EXPECT_EQ(kept1, std::vector<int32_t>({0, 0, 0, 0, 0, 0}));  // row 1 was fresh again: stored anew
+}
+
+// rescore=D: a fresh sequence stores its candidate count next to its token
+// count; a kept one's ranges are its candidates, as chunks 0 .. W − 1.
+TEST(ReselectRowsCpu, RescoreRangesAreTheCandidates) {
+  std::vector<int64_t> at{0, 0, 100, 30};  // [tokens at the pick, candidates] per sequence
+  std::vector<int64_t*> last{&at[0], &at[2]};
+  std::vector<StepRanges> ranges(2), out(2);
+  for (int s = 0; s < 2; ++s) {
+    ranges[size_t(s)].n = ranges[size_t(s)].n_chunk = 102;
+    ranges[size_t(s)].c_lo = 4;
+    ranges[size_t(s)].c_hi = ranges[size_t(s)].win_lo = 94;
+    ranges[size_t(s)].k = 11;
+  }
+  reselect_rows_cpu(2, 4, 2, last.data(), ranges.data(), out.data());
+  EXPECT_EQ(out[0].fresh, 1);
+  EXPECT_EQ(at[0], 102);
+  EXPECT_EQ(at[1], 33);  // 11 picks · 3
+  EXPECT_EQ(out[1].fresh, 0);
+  EXPECT_EQ(at[2], 100);
+  EXPECT_EQ(out[1].c_lo, 0);
+  EXPECT_EQ(out[1].c_hi, 30);
+  EXPECT_EQ(out[1].n_chunk, 30);
+  EXPECT_EQ(out[1].k, 11);
+  EXPECT_EQ(out[1].win_lo, 94);
+  ranges[0].k = 40;  // 120 > 90 ids: every id is a candidate
+  at[0] = 0;
+  reselect_rows_cpu(1, 4, 2, last.data(), ranges.data(), out.data());
+  EXPECT_EQ(at[1], 90);
+}
+
+// A pick's candidates: distinct, ascending, in [c_lo, c_hi), k·(D + 1) of
+// them (or all of [c_lo, c_hi)), holding every pick and the D ids after it
+// below c_hi; and a rescored row's positions map back to those ids.
+TEST(CandidateRowsCpu, RunsCoverEveryPickAndItsSuccessors) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 400; ++trial) {
+    const int D = 1 + int(rng() % 4), kmax = 1 + int(rng() % 24);
+    StepRanges sr;
+    sr.c_lo = rng() % 5;
+    sr.c_hi = sr.c_lo + 1 + rng() % 120;
+    sr.k = std::min<int64_t>(kmax, sr.c_hi - sr.c_lo);
+    sr.fresh = 1;
+    std::vector<int32_t> ids(size_t(sr.c_hi - sr.c_lo));
+    std::iota(ids.begin(), ids.end(), int32_t(sr.c_lo));
+    std::shuffle(ids.begin(), ids.end(), rng);
+    std::vector<int32_t> pick(ids.begin(), ids.begin() + sr.k);
+    std::sort(pick.begin(), pick.end());
+    std::vector<int32_t> sel(size_t(kmax), -1);
+    std::copy(pick.begin(), pick.end(), sel.end() - sr.k);
+    std::vector<int32_t> cand(size_t(kmax) * (D + 1), -7);
+    int32_t* rows[1] = {cand.data()};
+    candidate_rows_cpu(CandidateRowsParams{1, 1, kmax, D}, &sr, rows, sel.data());
+    const int64_t w = candidate_count(sr, D);
+    ASSERT_EQ(w, std::min<int64_t>(sr.k * (D + 1), sr.c_hi - sr.c_lo));
+    const std::vector<int32_t> c(cand.begin(), cand.begin() + w);
+    ASSERT_TRUE(std::is_sorted(c.begin(), c.end()));
+    ASSERT_EQ(std::adjacent_find(c.begin(), c.end()), c.end());
+    ASSERT_TRUE(c.empty() || (c.front() >= sr.c_lo && c.back() < sr.c_hi));
+    for (int32_t p : pick)
+      for (int d = 0; d <= D && p + d < sr.c_hi; ++d)
+        ASSERT_TRUE(std::binary_search(c.begin(), c.end(), p + d)) << trial << " pick " << p << " + " << d;
+    // Rescored: positions (ascending, −1 first) → the candidates' ids.
+    StepRanges kept = sr;
+    kept.fresh = 0;
+    std::vector<int32_t> pos(size_t(kmax), -1);
+    const int64_t kk = std::min<int64_t>(sr.k, w);
+    for (int64_t i = 0; i < kk; ++i) pos[size_t(kmax - kk + i)] = int32_t(w - kk + i);
+    candidate_rows_cpu(CandidateRowsParams{1, 1, kmax, D}, &kept, rows, pos.data());
+    for (int64_t i = 0; i < kmax; ++i)
+      ASSERT_EQ(pos[size_t(i)], i < kmax - kk ? -1 : c[size_t(w - kk + (i - (kmax - kk)))]);
+  }
+}
+
+// Kept rows read their candidates' records from scratch, in order; fresh
+// rows read their own planes.
+TEST(GatherCandidatesCpu, KeptRowsReadTheirCandidatesRecords) {
+  const int64_t R = 2, bytes0 = 5, bytes1 = 2, W = 3;
+  std::vector<uint8_t> p0(R * 10 * bytes0), p1(R * 10 * bytes1);
+  std::iota(p0.begin(), p0.end(), uint8_t(0));
+  std::iota(p1.begin(), p1.end(), uint8_t(100));
+  const uint8_t* plane0[2] = {p0.data(), p0.data() + 10 * bytes0};
+  const uint8_t* plane1[2] = {p1.data(), p1.data() + 10 * bytes1};
+  std::vector<int32_t> c0{1, 4, 9}, c1{0, 2, 3};
+  const int32_t* cand[2] = {c0.data(), c1.data()};
+  std::vector<StepRanges> sr(2);
+  sr[0].fresh = 1;
+  sr[1].fresh = 0;
+  sr[1].c_hi = W;
+  std::vector<uint8_t> s0(R * 16), s1(R * 8);
+  const uint8_t* rows[4] = {};
+  gather_candidates_cpu(GatherCandParams{R, 1, bytes0, bytes1, 16, 8}, sr.data(), cand, plane0, plane1, s0.data(),
+                        s1.data(), rows);
+  EXPECT_EQ(rows[0], plane0[0]);
+  EXPECT_EQ(rows[2], plane1[0]);
+  ASSERT_EQ(rows[1], s0.data() + 16);
+  ASSERT_EQ(rows[3], s1.data() + 8);
+  for (int64_t i = 0; i < W; ++i) {
+    for (int64_t b = 0; b < bytes0; ++b) EXPECT_EQ(rows[1][i * bytes0 + b], plane0[1][c1[size_t(i)] * bytes0 + b]);
+    for (int64_t b = 0; b < bytes1; ++b) EXPECT_EQ(rows[3][i * bytes1 + b], plane1[1][c1[size_t(i)] * bytes1 + b]);
+  }
 }
 
 TEST(ScoreRowsTable, BlocksPerRowKeepEverySlotBusy) {
