@@ -29,7 +29,8 @@ void gqa_topk_rows(const Exec& x, const GqaRowsParams& p, const float* raw, cons
                    int32_t* out);
 // Which path each row of the last gqa_topk_rows with this topk_scratch
 // took: 0 the cluster top-k, 1 the sampled filter and then the cluster
-// top-k (the filter kept too few or too many), 2 the sampled path alone.
+// top-k (the filter kept too few or too many), 2 the sampled path alone
+// (or, a row of at most 16,384 candidates, its last kernel over all of them).
 std::vector<int32_t> gqa_topk_row_paths(const Exec& x, const void* topk_scratch, int64_t n_rows);
 void expand_rows(const Exec& x, const ExpandRowsParams& p, const int32_t* chunks, const int32_t* forced,
                  const StepRanges* ranges, int32_t* tokens);

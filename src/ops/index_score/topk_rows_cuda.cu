@@ -329,6 +329,10 @@ __global__ void __launch_bounds__(kTopThreads)
 //    kernel's ordered compaction with one scan over the warps.
 //    It gives up on a row (leaves its mode at 1) where a region overflowed
 //    or fewer than k or more than kMaxKept were kept.
+//    A row too short or too dense for the sample (rescore's candidates: k
+//    a third of the row) but within kMaxKept (mode 3) skips the filter: the
+//    kept kernel loads all of its candidates, in index order, with T = 0,
+//    one block per row where the cluster kernel would take eight.
 // 4. The cluster kernel does the rows not done (mode ≠ 2).
 // The picks equal the cluster kernel's: a candidate not kept has a key
 // < T, and with ≥ k kept the k-th largest key is ≥ T, so every candidate
@@ -343,7 +347,7 @@ static_assert(kKeptPer == kPerLane && kKeptThreads / 32 * kWarpSpan == kMaxKept,
 
 struct SampledView {
   uint32_t* thr;     // [rows] T
-  int32_t* mode;     // [rows] 0: the cluster kernel's row, 1: sampled, 2: sampled and done
+  int32_t* mode;     // [rows] 0: the cluster kernel's row, 1: sampled, 2: done, 3: small (all kept)
   float* lse;        // [rows · n_q]
   uint32_t* counts;  // [rows · nb] kept per region
   uint2* kept;       // [rows · nb · kTopkFilterCap] (key, candidate index)
@@ -376,7 +380,8 @@ __global__ void __launch_bounds__(kSampleThreads)
   const int k = int(min(min(sr.k, int64_t(kmax)), n));
   const bool sampled = k > 0 && n >= kMinSampledRow && int64_t(k) * 8 <= n && k <= kMaxKept / 2 &&
                        n <= int64_t(kMaxRegions) * kTopkFilterTile;
-  if (!sampled) {
+  const bool small = !sampled && k > 0 && n <= kMaxKept;  // the kept kernel takes the whole row
+  if (!sampled && !small) {
     if (tid == 0) v.mode[row] = 0;
     return;
   }
@@ -389,6 +394,10 @@ __global__ void __launch_bounds__(kSampleThreads)
     }
   }
   __syncthreads();
+  if (small) {
+    if (tid == 0) v.mode[row] = 3;
+    return;
+  }
   const float* src = source.scores + row * n_q * source.stride + sr.c_lo;
   const int64_t start = int64_t(tid) * (n - kRunLen) / (kSampleThreads - 1);
   uint32_t keys[kRunLen];
@@ -428,7 +437,7 @@ __global__ void __launch_bounds__(kFiltThreads)
   __shared__ float s_lse[kMaxGqaQueries];
   __shared__ uint32_t s_warp[kFiltThreads / 32];
   const int64_t row = blockIdx.y;
-  if (v.mode[row] == 0) return;
+  if (v.mode[row] != 1) return;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const StepRanges sr = ranges[row / n_kv_head];
   const int64_t n = sr.c_hi - sr.c_lo, begin = int64_t(blockIdx.x) * kTopkFilterTile;
@@ -469,18 +478,34 @@ __global__ void __launch_bounds__(kFiltThreads)
 }
 
 __global__ void __launch_bounds__(kKeptThreads)
-    topk_kept_kernel(int n_kv_head, int kmax, const StepRanges* __restrict__ ranges, SampledView v,
-                     int32_t* __restrict__ out) {
+    topk_kept_kernel(int n_kv_head, int kmax, TopkSource source, const StepRanges* __restrict__ ranges,
+                     SampledView v, int32_t* __restrict__ out) {
   __shared__ uint32_t s_base[kMaxRegions];
   __shared__ uint32_t s_hist[256];
   __shared__ uint32_t s_warp[kKeptThreads / 32];
   __shared__ uint32_t s_prefix, s_remaining;
+  __shared__ float s_lse[kMaxGqaQueries];
   const int64_t row = blockIdx.x;
-  if (v.mode[row] != 1) return;
+  const int mode = v.mode[row];
+  if (mode != 1 && mode != 3) return;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const StepRanges sr = ranges[row / n_kv_head];
   const int64_t n = sr.c_hi - sr.c_lo;
   const int k = int(min(min(sr.k, int64_t(kmax)), n));
+  uint32_t keys[kKeptPer], ids[kKeptPer], hi = 0, m = 0, t = 0;
+  if (mode == 3) {  // a small row: all its candidates, in index order
+    const int n_q = source.n_q;
+    if (tid < n_q) s_lse[tid] = v.lse[row * n_q + tid];
+    __syncthreads();
+    m = uint32_t(n);
+    load_tile<true>(source.scores + row * n_q * source.stride + sr.c_lo, int(n), warp, lane, keys, n_q,
+                    source.stride, s_lse);
+#pragma unroll
+    for (int i = 0; i < kKeptPer; ++i) {
+      ids[i] = uint32_t(warp * kWarpSpan + i * 32 + lane);
+      hi = max(hi, keys[i]);  // 0 past the row's end
+    }
+  } else {
   const int nbr = int((n + kTopkFilterTile - 1) / kTopkFilterTile);
   // Where each region's kept candidates start in the row's list.
   const uint32_t c = tid < nbr ? v.counts[row * v.nb + tid] : 0u;
@@ -495,12 +520,11 @@ __global__ void __launch_bounds__(kKeptThreads)
     if (lane == 31) s_remaining = wi;  // the row's kept count, for a moment
   }
   __syncthreads();
-  const uint32_t m = s_remaining;
+  m = s_remaining;
   if (tid < nbr) s_base[tid] = s_warp[warp] + incl - c;
   if (overflow || m < uint32_t(k) || m > uint32_t(kMaxKept)) return;  // the cluster kernel does this row
   __syncthreads();
-  const uint32_t t = v.thr[row];
-  uint32_t keys[kKeptPer], ids[kKeptPer], hi = 0;
+  t = v.thr[row];
 #pragma unroll
   for (int i = 0; i < kKeptPer; ++i) {
     const uint32_t e = uint32_t(warp * kWarpSpan + i * 32 + lane);
@@ -518,6 +542,7 @@ __global__ void __launch_bounds__(kKeptThreads)
       ids[i] = kv.y;
       hi = max(hi, keys[i]);
     }
+  }
   }
   hi = __reduce_max_sync(0xffffffffu, hi);
   __syncthreads();
@@ -663,7 +688,7 @@ void gqa_topk_rows(const Exec& x, const GqaRowsParams& p, const float* raw, cons
     topk_filter_kernel<<<dim3(unsigned(v.nb), unsigned(n_rows)), kFiltThreads, 0, st(x)>>>(p.n_kv_head, src, ranges,
                                                                                           v);
     KVT_CUDA_LAUNCH_CHECK("topk_filter_kernel");
-    topk_kept_kernel<<<unsigned(n_rows), kKeptThreads, 0, st(x)>>>(p.n_kv_head, kmax, ranges, v, out);
+    topk_kept_kernel<<<unsigned(n_rows), kKeptThreads, 0, st(x)>>>(p.n_kv_head, kmax, src, ranges, v, out);
     KVT_CUDA_LAUNCH_CHECK("topk_kept_kernel");
     mode = v.mode;
   }
