@@ -145,7 +145,9 @@ void DecodeBatch::build_tables() {
   if (n_q > 1) ensure(gqa_scratch_, size_t(gqa_rows_scratch_bytes(R, n_q)));
   if (n_q > 1 && x_.cuda() && n_out_ == 0)
     ensure(topk_scratch_, size_t(gqa_topk_scratch_bytes(R, n_q, score_stride_)));
-  if (plan_.policy.rescore > 0) {  // the rescored candidates' index records, and the row tables scoring reads
+  // rescore=D, where the scorer does not read candidates by id: their index
+  // records, and the row tables scoring reads.
+  if (plan_.policy.rescore > 0 && !score_rows_reads_candidates(x_, score_params(1, 1.f))) {
     const GatherCandParams gp = gather_params();
     ensure(cand_rec0_, size_t(R * gp.stride0));
     ensure(cand_rec1_, size_t(std::max<int64_t>(16, R * gp.stride1)));

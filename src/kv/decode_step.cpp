@@ -60,12 +60,15 @@ void decode_step(DecodeBatch& b, int layer, const void* q, float scale, void* ou
   // The planar and byte-table scorers also sum each query's softmax as they go (on CUDA).
   const bool fused = per_query && x.cuda() && score_rows_leaves_partials(sp);
   if (fused) sp.gqa_scratch = b.gqa_scratch_.data();
-  // rescore=D: a row that keeps its pick scores its candidates instead, their
-  // records gathered where the scoring reads them (as chunks 0 .. W − 1).
+  // rescore=D: a row that keeps its pick scores its candidates instead (as
+  // chunks 0 .. W − 1), read by id where the scorer can, else their records
+  // gathered where the scoring reads them.
   const bool rescore = k.policy.rescore > 0;
   const uint8_t* const* plane0 = t.plane0;
   const uint8_t* const* plane1 = t.plane1;
-  if (rescore) {
+  if (rescore && score_rows_reads_candidates(x, sp)) {
+    sp.cand = t.kept_sel;
+  } else if (rescore) {
     const uint8_t** planes = b.score_planes_.data<const uint8_t*>();
     gather_candidates(x, b.gather_params(), picks, t.kept_sel, t.plane0, t.plane1, b.cand_rec0_.data<uint8_t>(),
                       b.cand_rec1_.data<uint8_t>(), planes);

@@ -101,6 +101,11 @@ bool score_rows_leaves_partials(const ScoreRowsParams& p) {
   return p.n_q > 1 && (p.layout == IndexRecLayout::planar_higgs2 || score_rows_by_table(p));
 }
 
+bool score_rows_reads_candidates(const Exec& x, const ScoreRowsParams& p) {
+  return x.cuda() && p.layout == IndexRecLayout::planar_higgs2 && p.head_dim == 128 &&
+         planar_scorer_resolved(p.planar_scorer) == PlanarScorer::mma16;
+}
+
 void step_plan_rows(const Exec& x, const StepPlanParams& p, const int64_t* n, const int32_t* budget_chunks, const int32_t* n_outlier, StepRanges* out) {
 #ifdef KVT_CUDA
   if (x.cuda()) return cuda::step_plan_rows(x, p, n, budget_chunks, n_outlier, out);

@@ -108,6 +108,12 @@ struct ScoreRowsParams {
   // order of the sums). automatic: $KVT_PLANAR_SCORER if set (xor, rotated,
   // mma, mma16), else the default, mma16.
   PlanarScorer planar_scorer = PlanarScorer::automatic;
+  // rescore=D, where score_rows_reads_candidates: per row its candidates'
+  // token ids (candidate_rows). A row whose sequence rescores (ranges
+  // fresh = 0; its chunks 0 .. W − 1 are the candidates) then reads
+  // candidate i's record at token cand[r][i] of plane0/plane1 in place, as
+  // if gather_candidates had copied it; fresh rows are scored as without it.
+  const int32_t* const* cand = nullptr;
 };
 constexpr int64_t residual_meta_stride(int64_t out_stride, int m) { return out_stride / (m > 0 ? m : 1) + 2; }
 // q: [rows, n_q, head_dim] f32 (index_query_rows); plane0/plane1 as index_write;
@@ -163,6 +169,9 @@ int lut_queries_per_pass(const QuantSpec& fmt, int dim);
 // Whether CUDA's score_rows scores p's records (or residual landmarks, given
 // meta_scratch) by that scorer.
 bool score_rows_by_table(const ScoreRowsParams& p);
+// Whether score_rows on x reads a rescoring row's candidates by id (p.cand):
+// CUDA's mma16 planar scorer does; elsewhere gather_candidates copies them.
+bool score_rows_reads_candidates(const Exec& x, const ScoreRowsParams& p);
 // Whether CUDA's score_rows, given p, also leaves gqa_rows' softmax partials
 // in p.gqa_scratch (the planar and byte-table scorers do; the others ignore it).
 bool score_rows_leaves_partials(const ScoreRowsParams& p);

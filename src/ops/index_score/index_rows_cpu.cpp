@@ -160,6 +160,7 @@ void index_query_rows_cpu(const IndexQueryParams& p, const float* q, float* out)
 void score_rows_cpu(const ScoreRowsParams& p, const float* q, const uint8_t* const* plane0,
                     const uint8_t* const* plane1, const StepRanges* ranges, float* scores) {
   KVT_CHECK(p.layout != IndexRecLayout::planar_higgs2, "score_rows: the planar index is the GPU's layout");
+  KVT_CHECK(!p.cand, "score_rows: the CPU scores candidates that gather_candidates copied, not by id");
   const int H = p.n_kv_head, D = p.head_dim;
   const int64_t n_rows = int64_t(p.n_seq) * H;
   // Jobs of (row, block of chunks): a few rows (3 KV heads) would leave

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <random>
 
 #include "backend/cuda_test_util.h"
@@ -270,6 +271,139 @@ struct Rows {
   }
   const uint8_t* const* d() const { return table.data<const uint8_t* const>(); }
 };
+
+// rescore=D on the mma16 scorer: a rescoring row's candidates read by id
+// (ScoreRowsParams::cand) score exactly as their records gathered first
+// (gather_candidates, tested against the CPU above) and scored in order;
+// fresh rows are scored as without ids. Rows of several spans and a short
+// one, 1, 4 and 7 (= 4 + 3) queries, forced block counts, and the softmax
+// partials the GQA top-k reads.
+TEST(IndexRowsCuda, Mma16ReadsCandidatesById) {
+  KVT_REQUIRE_GPU();
+  Device dev(DeviceKind::cuda);
+  const Exec x = dev.exec();
+  ScoreRowsParams probe;
+  probe.layout = IndexRecLayout::planar_higgs2;
+  probe.head_dim = 128;
+  probe.planar_scorer = PlanarScorer::mma16;
+  ASSERT_TRUE(score_rows_reads_candidates(x, probe));
+  probe.planar_scorer = PlanarScorer::mma;
+  EXPECT_FALSE(score_rows_reads_candidates(x, probe));
+  std::mt19937 rng(5);
+  const int H = 2, B = 4, D = 128;
+  const int64_t R = int64_t(B) * H, cnt = 9000, stride = 9000;
+  const QuantSpec fmt = parse_quant_spec("higgs2:g128");
+  auto grid = to_device(higgs_grid(fmt.grid_dim, fmt.grid_size).points);
+  RecordFormat rf{fmt, D, int64_t(bytes_per_vector(fmt, D))};
+  rf.grid = grid.data<float>();
+  // Planes of random codes and bf16 scales in [0.25, 2); candidates: distinct ascending ids.
+  Rows p0, p1;
+  std::vector<std::vector<int32_t>> cand(static_cast<size_t>(R));
+  // Sequences: fresh over 7,000 chunks; rescoring 5,000 (several spans a
+  // block), 77 (one partial span) and 0 candidates.
+  const std::vector<int64_t> w{7000, 5000, 77, 0};
+  const std::vector<int64_t> fresh{1, 0, 0, 0};
+  for (int64_t r = 0; r < R; ++r) {
+    std::vector<uint8_t> codes(size_t(cnt) * 32 + 64), scales(size_t(cnt) * 2);
+    for (auto& b : codes) b = uint8_t(rng());
+    for (int64_t t = 0; t < cnt; ++t) {
+      const float v = std::uniform_real_distribution<float>(0.25f, 2.f)(rng);
+      uint32_t bits;
+      std::memcpy(&bits, &v, 4);
+      scales[size_t(2 * t)] = uint8_t(bits >> 16);
+      scales[size_t(2 * t + 1)] = uint8_t(bits >> 24);
+    }
+    p0.host.push_back(codes);
+    p1.host.push_back(scales);
+    std::vector<int32_t> ids(static_cast<size_t>(cnt));
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    const int64_t m = std::max<int64_t>(w[size_t(r / H)], 1);
+    ids.resize(size_t(m));
+    std::sort(ids.begin(), ids.end());
+    cand[size_t(r)] = ids;
+  }
+  p0.finish();
+  p1.finish();
+  std::vector<cuda::DeviceBuffer> cand_dev;
+  std::vector<const int32_t*> cand_ptrs;
+  for (const auto& c : cand) {
+    cand_dev.push_back(to_device(c));
+    cand_ptrs.push_back(cand_dev.back().data<int32_t>());
+  }
+  auto d_cand = to_device(cand_ptrs);
+  std::vector<StepRanges> ranges(static_cast<size_t>(B));
+  for (int s = 0; s < B; ++s) {
+    StepRanges& g = ranges[size_t(s)];
+    g.n = cnt;
+    g.n_chunk = g.c_hi = w[size_t(s)];
+    g.c_lo = 0;
+    g.k = std::min<int64_t>(64, g.c_hi);
+    g.fresh = fresh[size_t(s)];
+  }
+  auto d_ranges = to_device(ranges);
+  // The reference: the candidates' records gathered, then scored in order.
+  const GatherCandParams gp{R, H, 32, 2, (stride * 32 + 64 + 15) / 16 * 16, (stride * 2 + 15) / 16 * 16};
+  cuda::DeviceBuffer d_s0(size_t(R * gp.stride0)), d_s1(size_t(R * gp.stride1)),
+      d_rows(size_t(2 * R) * sizeof(void*));
+  gather_candidates(x, gp, d_ranges.data<StepRanges>(), d_cand.data<const int32_t* const>(), p0.d(), p1.d(),
+                    d_s0.data<uint8_t>(), d_s1.data<uint8_t>(), d_rows.data<const uint8_t*>());
+  const auto* rows0 = d_rows.data<const uint8_t* const>();
+  int checked = 0;
+  for (const int n_q : {1, 4, 7})
+    for (const int bx : {0, 3}) {
+      std::vector<float> qh(size_t(R) * n_q * D);
+      for (float& v : qh) v = std::normal_distribution<float>(0.f, 1.f)(rng);
+      auto d_q = to_device(qh);
+      ScoreRowsParams p;
+      p.n_seq = B;
+      p.n_kv_head = H;
+      p.head_dim = D;
+      p.n_q = n_q;
+      p.layout = IndexRecLayout::planar_higgs2;
+      p.fmt = rf;
+      p.candidates_only = n_q == 1;
+      p.scale = 0.0884f;
+      p.out_stride = stride;
+      p.blocks_per_row = bx;
+      p.planar_scorer = PlanarScorer::mma16;
+      const size_t n_out = size_t(R) * n_q * stride;
+      cuda::DeviceBuffer d_want(n_out * 4), d_got(n_out * 4);
+      cuda::DeviceBuffer g_want(size_t(gqa_rows_scratch_bytes(R, n_q))), g_got(size_t(gqa_rows_scratch_bytes(R, n_q)));
+      poison(d_want);
+      poison(d_got);
+      if (n_q > 1) p.gqa_scratch = g_want.data();
+      score_rows(x, p, d_q.data<float>(), rows0, rows0 + R, d_ranges.data<StepRanges>(), d_want.data<float>());
+      p.cand = d_cand.data<const int32_t* const>();
+      if (n_q > 1) p.gqa_scratch = g_got.data();
+      score_rows(x, p, d_q.data<float>(), p0.d(), p1.d(), d_ranges.data<StepRanges>(), d_got.data<float>());
+      sync(x);
+      const auto want = to_host<float>(d_want, n_out), got = to_host<float>(d_got, n_out);
+      for (int64_t r = 0; r < R; ++r)
+        for (int j = 0; j < n_q; ++j)
+          for (int64_t i = 0; i < w[size_t(r / H)]; ++i) {
+            const size_t at = size_t((r * n_q + j) * stride + i);
+            ASSERT_TRUE(std::isfinite(want[at])) << r << " " << i;
+            ASSERT_EQ(got[at], want[at]) << "n_q " << n_q << " bx " << bx << " row " << r << " query " << j << " chunk " << i;
+            ++checked;
+          }
+      if (n_q == 1) continue;
+      // The same softmax partials: gqa_rows gives the same aggregates from either.
+      std::vector<float> agg[2];
+      for (int v = 0; v < 2; ++v) {
+        GqaRowsParams gq{B, H, n_q, stride, stride, v ? g_got.data() : g_want.data(), true};
+        cuda::DeviceBuffer d_agg(size_t(R * stride) * 4);
+        poison(d_agg);
+        gqa_rows(x, gq, (v ? d_got : d_want).data<float>(), d_ranges.data<StepRanges>(), d_agg.data<float>());
+        sync(x);
+        agg[v] = to_host<float>(d_agg, size_t(R * stride));
+      }
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t i = 0; i < w[size_t(r / H)]; ++i)
+          ASSERT_EQ(agg[1][size_t(r * stride + i)], agg[0][size_t(r * stride + i)]) << r << " " << i;
+    }
+  EXPECT_GT(checked, 100000);
+}
 
 struct ScoreCase {
   const char* spec;  // records format; "planar" for the GPU's higgs2 planes; "residual" (higgs4 meta + 1bit)
@@ -693,6 +827,51 @@ TEST(IndexRowsCuda, GqaTopkMatchesGqaThenTopk) {
     topk_rows_cpu(rows, H, stride, kmax, agg_c.data(), ranges.data(), top_c.data());
     EXPECT_EQ(top, top_c) << "n_q " << n_q;
   }
+}
+
+// After the sampled path, the cluster top-k runs as many clusters as fit at
+// once, each passing over rows: 120 rows, half of them (20,000 candidates at
+// k = 4,096, too dense for the sample) left to it, more than the clusters
+// that fit, between rows already done (3,000 candidates, the kept kernel's).
+TEST(IndexRowsCuda, GqaTopkClustersPassOverMoreRowsThanFit) {
+  KVT_REQUIRE_GPU();
+  Device dev(DeviceKind::cuda);
+  const Exec& x = dev.exec();
+  std::mt19937 rng(17);
+  std::normal_distribution<float> nd;
+  const int H = 2, n_q = 4, kmax = 4096, n_seq = 60;
+  std::vector<int64_t> n;
+  for (int s = 0; s < n_seq; ++s) n.push_back(s % 2 ? 3000 : 20000);
+  const std::vector<int32_t> budget(static_cast<size_t>(n_seq), 4096);
+  const int64_t rows = int64_t(n_seq) * H, stride = 20000;
+  StepPlanParams sp{n_seq, 1, 1, 4, 64, 64, kmax};
+  cuda::DeviceBuffer d_ranges;
+  const auto ranges = ranges_for(sp, n, budget, x, &d_ranges);
+  std::vector<float> raw(size_t(rows) * n_q * stride);
+  for (float& v : raw) v = rng() % 7 == 0 ? float(int(rng() % 8)) : 3.f * nd(rng);  // ties among them
+  GqaRowsParams gp{n_seq, H, n_q, stride, stride};
+  cuda::DeviceBuffer d_gs(size_t(gqa_rows_scratch_bytes(rows, n_q)));
+  gp.scratch = d_gs.data();
+  auto d_raw = to_device(raw);
+  cuda::DeviceBuffer d_agg(size_t(rows) * stride * 4), d_top(size_t(rows) * kmax * 4);
+  gqa_rows(x, gp, d_raw.data<float>(), d_ranges.data<StepRanges>(), d_agg.data<float>());
+  topk_rows(x, rows, H, stride, kmax, d_agg.data<float>(), d_ranges.data<StepRanges>(), d_top.data<int32_t>());
+  const auto want = to_host<int32_t>(d_top, size_t(rows) * kmax);
+  cuda::DeviceBuffer d_ts(size_t(gqa_topk_scratch_bytes(rows, n_q, stride)));
+  poison(d_ts);
+  gp.topk_scratch = d_ts.data();
+  cuda::DeviceBuffer d_fused(size_t(rows) * kmax * 4);
+  poison(d_fused);
+  gqa_topk_rows(x, gp, d_raw.data<float>(), d_ranges.data<StepRanges>(), kmax, nullptr, d_fused.data<int32_t>());
+  sync(x);
+  EXPECT_EQ(to_host<int32_t>(d_fused, want.size()), want);
+  const auto paths = cuda::gqa_topk_row_paths(x, d_ts.data(), rows);
+  int left = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    EXPECT_EQ(paths[size_t(r)], (r / H) % 2 ? 2 : 0) << "row " << r;
+    left += paths[size_t(r)] == 0;
+  }
+  EXPECT_EQ(left, 60);
 }
 
 TEST(IndexRowsCuda, IndexQueryMatchesCpu) {

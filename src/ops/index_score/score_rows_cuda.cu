@@ -454,6 +454,12 @@ constexpr int k16Span = 64;                  // a warp's tokens per iteration
 constexpr int k16StageBytes = k16Span * 32;  // codes
 constexpr size_t k16Smem = size_t(256) * kGridCopies * 8 + size_t(k16Threads / 32) * 2 * k16StageBytes;
 
+// BY_ID (ScoreRowsParams::cand): the launch scores only the rows that
+// rescore their candidates (ranges.fresh == 0), chunk i of such a row being
+// the record of token cand[row][i], read where it lies; the launch without
+// BY_ID then skips those rows. The ids of a span are loaded a span ahead of
+// its copy, so that their latency hides behind a span's products.
+template <bool BY_ID>
 __global__ void __launch_bounds__(k16Threads, 3) higgs2_mma16_kernel(ScoreRowsParams p, int q0, int nq,
                                                                      const float* __restrict__ q,
                                                                      const uint8_t* const* __restrict__ codes_rows,
@@ -465,6 +471,7 @@ __global__ void __launch_bounds__(k16Threads, 3) higgs2_mma16_kernel(ScoreRowsPa
   extern __shared__ __align__(16) uint8_t mma_smem[];
   uint2* g16 = reinterpret_cast<uint2*>(mma_smem);  // [code][copy]: the point's 4 dims as two half2
   const int64_t row = blockIdx.y;
+  if (p.cand && BY_ID == bool(ranges[row / p.n_kv_head].fresh)) return;  // the other launch's row
   Range rg;
   GqaPartials gp;
   if (!mma_scorer_start<k16Threads, k16Span>(p, q0, nq, ranges, grid, g16, rg, gp)) return;
@@ -488,32 +495,60 @@ __global__ void __launch_bounds__(k16Threads, 3) higgs2_mma16_kernel(ScoreRowsPa
   const int n = int(rg.n);
   const uint8_t* codes = codes_rows[row] + rg.c0 * 32;
   const uint16_t* scales = reinterpret_cast<const uint16_t*>(scale_rows[row]) + rg.c0;
+  const int32_t* ids = BY_ID ? p.cand[row] + rg.c0 : nullptr;  // BY_ID: chunk i is token ids[i]
   float* out = scores + (row * p.n_q + q0 + (has_q ? xc : 0)) * p.out_stride + gr;
   const uint32_t gcopy = uint32_t(__cvta_generic_to_shared(g16)) + uint32_t(lane & (kGridCopies - 1)) * 8u;
   const int warp = int(threadIdx.x >> 5);
   const uint32_t ring = uint32_t(__cvta_generic_to_shared(mma_smem)) + 256u * kGridCopies * 8u +
                         uint32_t(warp * 2 * k16StageBytes);
   const int step = int(gridDim.x) * (k16Threads / 32) * k16Span;
-  // Span w → stage st: lane l copies 16-byte pieces l, l + 32, l + 64, l + 96
-  // (token w + piece / 2), zero-filled past the row's end.
-  auto issue = [&](int w, uint32_t st) {
-    const uint32_t dst = ring + st * k16StageBytes + uint32_t(lane) * 16u;
-    const uint8_t* src = codes + int64_t(w) * 32 + lane * 16;
-    if (w + k16Span <= n) {
+  // BY_ID: the token ids of span w's chunks w + 16i + lane / 2 (those whose
+  // pieces this lane copies), 0 past the row's end.
+  auto load_ids = [&](int w, int32_t (&id)[kT]) {
 #pragma unroll
-      for (int i = 0; i < kT; ++i) cp_async16(dst + i * 512, src + i * 512, 16);
-    } else {
+    for (int i = 0; i < kT; ++i) {
+      const int t = w + 16 * i + (lane >> 1);
+      id[i] = t < n ? __ldg(ids + t) : 0;
+    }
+  };
+  // Span w → stage st: lane l copies 16-byte pieces l, l + 32, l + 64, l + 96
+  // (chunk w + piece / 2), zero-filled past the row's end.
+  auto issue = [&](int w, uint32_t st, const int32_t (&id)[kT]) {
+    const uint32_t dst = ring + st * k16StageBytes + uint32_t(lane) * 16u;
+    if (BY_ID) {
 #pragma unroll
       for (int i = 0; i < kT; ++i) {
         const bool in = w + 16 * i + (lane >> 1) < n;
-        cp_async16(dst + i * 512, in ? src + i * 512 : codes, in ? 16 : 0);
+        cp_async16(dst + i * 512, codes + int64_t(id[i]) * 32 + (lane & 1) * 16, in ? 16 : 0);
+      }
+    } else {
+      const uint8_t* src = codes + int64_t(w) * 32 + lane * 16;
+      if (w + k16Span <= n) {
+#pragma unroll
+        for (int i = 0; i < kT; ++i) cp_async16(dst + i * 512, src + i * 512, 16);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kT; ++i) {
+          const bool in = w + 16 * i + (lane >> 1) < n;
+          cp_async16(dst + i * 512, in ? src + i * 512 : codes, in ? 16 : 0);
+        }
       }
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");
   };
-  // Span w's bf16 scales of this lane's tokens w + 16u + gr (low half of
-  // sc[u]) and w + 16u + 8 + gr (high half); 0 past the row's end.
-  auto load_scales = [&](int w, uint32_t (&sc)[kT]) {
+  // Span w's bf16 scales of this lane's chunks w + 16u + gr (low half of
+  // sc[u]) and w + 16u + 8 + gr (high half); 0 past the row's end. BY_ID:
+  // their token ids are lane 2gr's and lane 16 + 2gr's id[u].
+  auto load_scales = [&](int w, uint32_t (&sc)[kT], const int32_t (&id)[kT]) {
+    if (BY_ID) {
+#pragma unroll
+      for (int u = 0; u < kT; ++u) {
+        const int t = w + 16 * u + gr;
+        const int32_t lo = __shfl_sync(0xffffffffu, id[u], 2 * gr), hi = __shfl_sync(0xffffffffu, id[u], 16 + 2 * gr);
+        sc[u] = (t < n ? uint32_t(__ldg(scales + lo)) : 0u) | (t + 8 < n ? uint32_t(__ldg(scales + hi)) << 16 : 0u);
+      }
+      return;
+    }
     const uint16_t* s = scales + w + gr;
     if (w + k16Span <= n) {
 #pragma unroll
@@ -529,8 +564,13 @@ __global__ void __launch_bounds__(k16Threads, 3) higgs2_mma16_kernel(ScoreRowsPa
   float lm = -INFINITY, ls = 0.f;  // softmax partials of query xc over this lane's tokens
   int w0 = (int(blockIdx.x) * (k16Threads / 32) + warp) * k16Span;
   uint32_t sc_next[kT];
-  issue(w0, 0);
-  load_scales(w0, sc_next);
+  int32_t id_cur[kT] = {}, id_next[kT] = {};  // BY_ID: the ids of the span issued next, and of the one after
+  if (BY_ID) {
+    load_ids(w0, id_cur);
+    load_ids(w0 + step, id_next);
+  }
+  issue(w0, 0, id_cur);
+  load_scales(w0, sc_next, id_cur);
   const uint32_t code_lane = uint32_t(gr * 32 + 8 * xc);
   for (uint32_t st = 0; w0 < n; w0 += step, st ^= 1u) {
     uint32_t sc[kT];
@@ -539,8 +579,13 @@ __global__ void __launch_bounds__(k16Threads, 3) higgs2_mma16_kernel(ScoreRowsPa
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
     __syncwarp();  // the span has landed for every lane; the other stage is read
     if (w0 + step < n) {
-      issue(w0 + step, st ^ 1u);
-      load_scales(w0 + step, sc_next);
+      if (BY_ID) {
+#pragma unroll
+        for (int i = 0; i < kT; ++i) id_cur[i] = id_next[i];
+        load_ids(w0 + 2 * step, id_next);
+      }
+      issue(w0 + step, st ^ 1u, id_cur);
+      load_scales(w0 + step, sc_next, id_cur);
     }
     const uint32_t base = ring + st * k16StageBytes + code_lane;
     float v[2 * kT];  // query xc's scores of tokens w0 + 8i + gr
@@ -844,6 +889,8 @@ void score_rows(const Exec& x, const ScoreRowsParams& p, const float* q, const u
   KVT_CHECK(n_rows < 65536, "score_rows: {} rows exceed the grid", n_rows);
   const int n_sm = device_info().n_sm;
   const int64_t max_bx = std::max<int64_t>(1, 8 * int64_t(n_sm) / n_rows + 1);
+  KVT_CHECK(!p.cand || score_rows_reads_candidates(x, p),
+            "score_rows: only the mma16 planar scorer reads candidates by id (else gather_candidates)");
   if (p.layout == IndexRecLayout::planar_higgs2) {
     KVT_CHECK(p.head_dim == 128 && p.fmt.grid, "score_rows: the planar index is 2-bit HIGGS at head_dim 128");
     switch (planar_scorer_resolved(p.planar_scorer)) {
@@ -854,9 +901,14 @@ void score_rows(const Exec& x, const ScoreRowsParams& p, const float* q, const u
                                                                        plane1, ranges, scores, "launch of higgs2_mma_kernel");
         break;
       case PlanarScorer::mma16:
-        for (int q0 = 0; q0 < p.n_q; q0 += 4)
-          launch_planar_mma<higgs2_mma16_kernel, k16Threads, k16Smem>(x, p, q0, std::min(4, p.n_q - q0), q, plane0,
-                                                                       plane1, ranges, scores, "launch of higgs2_mma16_kernel");
+        for (int q0 = 0; q0 < p.n_q; q0 += 4) {
+          launch_planar_mma<higgs2_mma16_kernel<false>, k16Threads, k16Smem>(
+              x, p, q0, std::min(4, p.n_q - q0), q, plane0, plane1, ranges, scores, "launch of higgs2_mma16_kernel");
+          if (p.cand)  // the rows that rescore candidates, by id
+            launch_planar_mma<higgs2_mma16_kernel<true>, k16Threads, k16Smem>(
+                x, p, q0, std::min(4, p.n_q - q0), q, plane0, plane1, ranges, scores,
+                "launch of higgs2_mma16_kernel (by id)");
+        }
         break;
       default: score_planar<true>(x, p, q, plane0, plane1, ranges, scores);
     }

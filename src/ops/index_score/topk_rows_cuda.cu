@@ -3,6 +3,7 @@
 // thread blocks per row reading the row's lengths from the StepRanges.
 #include <cooperative_groups.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string_view>
 
@@ -126,13 +127,15 @@ __device__ void select_bin(const cg::cluster_group& cluster, uint32_t* hist, uin
   }
 }
 
-// mode: null, or per row 2 where the sampled path (below) has already
-// written the row's picks: the whole cluster then returns.
+// Cluster c does rows c, c + C, .. (C clusters in the grid); mode: null, or
+// per row 2 where the sampled path (below) has already written the row's
+// picks: the cluster then skips it, so that a grid of the clusters that fit
+// at once passes over rows already done in one wave.
 template <bool GQA>
 __global__ void __launch_bounds__(kTopThreads)
-    topk_rows_kernel(int n_kv_head, int kmax, TopkSource source, const StepRanges* __restrict__ ranges,
-                     const int32_t* __restrict__ mode, int32_t* __restrict__ out) {
-  if (mode && mode[blockIdx.x / kCluster] == 2) return;
+    topk_rows_kernel(int64_t n_rows, int n_kv_head, int kmax, TopkSource source,
+                     const StepRanges* __restrict__ ranges, const int32_t* __restrict__ mode,
+                     int32_t* __restrict__ out) {
   const cg::cluster_group cluster = cg::this_cluster();
   __shared__ uint32_t hist[kHistWords];
   __shared__ uint32_t group[3][32];
@@ -144,173 +147,181 @@ __global__ void __launch_bounds__(kTopThreads)
   __shared__ float s_lse[GQA ? kMaxGqaQueries : 1];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int rank = int(cluster.block_rank());
-  const int64_t row = blockIdx.x / kCluster;
-  const StepRanges sr = ranges[row / n_kv_head];
-  const int64_t n = sr.c_hi - sr.c_lo;
-  const int k = int(min(min(sr.k, int64_t(kmax)), n));
-  int32_t* orow = out + row * kmax;
-  // Every block of the cluster takes the same branch (the same row's values).
-  if (k <= 0 || n <= k) {  // nothing, or everything, is selected
+  // One row (every block of the cluster takes the same branches; a row's
+  // last remote reads precede its last cluster barrier, so the next row may
+  // reuse the shared memory).
+  auto one_row = [&](const int64_t row) {
+    const StepRanges sr = ranges[row / n_kv_head];
+    const int64_t n = sr.c_hi - sr.c_lo;
+    const int k = int(min(min(sr.k, int64_t(kmax)), n));
+    int32_t* orow = out + row * kmax;
+    // Every block of the cluster takes the same branch (the same row's values).
+    if (k <= 0 || n <= k) {  // nothing, or everything, is selected
+      if (rank == 0)
+        for (int i = tid; i < kmax; i += kTopThreads) orow[i] = i < kmax - k ? -1 : int32_t(sr.c_lo + (i - (kmax - k)));
+      return;
+    }
     if (rank == 0)
-      for (int i = tid; i < kmax; i += kTopThreads) orow[i] = i < kmax - k ? -1 : int32_t(sr.c_lo + (i - (kmax - k)));
-    return;
-  }
-  if (rank == 0)
-    for (int i = tid; i < kmax - k; i += kTopThreads) orow[i] = -1;
-  int32_t* osel = orow + (kmax - k);
-  const int64_t chunk = ((n + kCluster - 1) / kCluster + 31) & ~int64_t(31);
-  const int64_t begin = min(n, rank * chunk), len = min(n, begin + chunk) - begin;
-  const float* src = source.scores + begin;
-  if constexpr (GQA) {
-    src += row * source.n_q * source.stride + sr.c_lo;
-    for (int j = warp; j < source.n_q; j += kWarps) {
-      const float v = score_detail::query_lse(source.gp, row * source.n_q + j, lane);
-      if (lane == 0) s_lse[j] = v;
-    }
-    __syncthreads();
-  } else {
-    src += row * source.stride;
-  }
-  const int n_q = GQA ? source.n_q : 0;
-  const int64_t q_stride = source.stride;
-  const int n_tiles = int((len + kTile - 1) / kTile);
-  auto tile_len = [&](int t) { return int(min(int64_t(kTile), len - int64_t(t) * kTile)); };
-  for (int b = tid; b < kHistWords; b += kTopThreads) hist[b] = 0;
-  uint32_t keys[kPerLane];
-  if (n_tiles <= 1) {
-    load_tile<GQA>(src, int(len), warp, lane, keys, n_q, q_stride, s_lse);
-    uint32_t lo = 0xffffffffu, hi = 0u;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i)
-      if (warp * kWarpSpan + i * 32 + lane < len) {
-        lo = min(lo, keys[i]);
-        hi = max(hi, keys[i]);
+      for (int i = tid; i < kmax - k; i += kTopThreads) orow[i] = -1;
+    int32_t* osel = orow + (kmax - k);
+    const int64_t chunk = ((n + kCluster - 1) / kCluster + 31) & ~int64_t(31);
+    const int64_t begin = min(n, rank * chunk), len = min(n, begin + chunk) - begin;
+    const float* src = source.scores + begin;
+    if constexpr (GQA) {
+      src += row * source.n_q * source.stride + sr.c_lo;
+      for (int j = warp; j < source.n_q; j += kWarps) {
+        const float v = score_detail::query_lse(source.gp, row * source.n_q + j, lane);
+        if (lane == 0) s_lse[j] = v;
       }
-    lo = __reduce_min_sync(0xffffffffu, lo);
-    hi = __reduce_max_sync(0xffffffffu, hi);
-    if (lane == 0) s_warp[warp] = lo;
-    __syncthreads();
-    if (warp == 0) {
-      const uint32_t l = __reduce_min_sync(0xffffffffu, lane < kWarps ? s_warp[lane] : 0xffffffffu);
-      if (lane == 0) s_span[0] = l;
+      __syncthreads();
+    } else {
+      src += row * source.stride;
+    }
+    const int n_q = GQA ? source.n_q : 0;
+    const int64_t q_stride = source.stride;
+    const int n_tiles = int((len + kTile - 1) / kTile);
+    auto tile_len = [&](int t) { return int(min(int64_t(kTile), len - int64_t(t) * kTile)); };
+    for (int b = tid; b < kHistWords; b += kTopThreads) hist[b] = 0;
+    uint32_t keys[kPerLane];
+    const bool one_tile = chunk <= kTile;  // every block's part fits a tile (the same for the whole cluster)
+    if (one_tile) {
+      load_tile<GQA>(src, int(len), warp, lane, keys, n_q, q_stride, s_lse);
+      uint32_t lo = 0xffffffffu, hi = 0u;
+  #pragma unroll
+      for (int i = 0; i < kPerLane; ++i)
+        if (warp * kWarpSpan + i * 32 + lane < len) {
+          lo = min(lo, keys[i]);
+          hi = max(hi, keys[i]);
+        }
+      lo = __reduce_min_sync(0xffffffffu, lo);
+      hi = __reduce_max_sync(0xffffffffu, hi);
+      if (lane == 0) s_warp[warp] = lo;
+      __syncthreads();
+      if (warp == 0) {
+        const uint32_t l = __reduce_min_sync(0xffffffffu, lane < kWarps ? s_warp[lane] : 0xffffffffu);
+        if (lane == 0) s_span[0] = l;
+      }
+      __syncthreads();
+      if (lane == 0) s_warp[warp] = hi;
+      __syncthreads();
+      if (warp == 0) {
+        const uint32_t h = __reduce_max_sync(0xffffffffu, lane < kWarps ? s_warp[lane] : 0u);
+        if (lane == 0) s_span[1] = h;
+      }
+      cluster.sync();
+      uint32_t c_lo = 0xffffffffu, c_hi = 0u;
+      for (int r = 0; r < kCluster; ++r) {
+        const uint32_t* sp = cluster.map_shared_rank(s_span, r);
+        c_lo = min(c_lo, sp[0]);
+        c_hi = max(c_hi, sp[1]);
+      }
+      const uint32_t diff = c_lo ^ c_hi;
+      const int up = diff ? __clz(diff) : 0;  // bits every key of the row shares, above the first that differs
+  #pragma unroll
+      for (int i = 0; i < kPerLane; ++i) keys[i] <<= up;
     }
     __syncthreads();
-    if (lane == 0) s_warp[warp] = hi;
-    __syncthreads();
-    if (warp == 0) {
-      const uint32_t h = __reduce_max_sync(0xffffffffu, lane < kWarps ? s_warp[lane] : 0u);
-      if (lane == 0) s_span[1] = h;
+    uint32_t prefix = 0, prefix_mask = 0, remaining = uint32_t(k);
+    constexpr int kShift[3] = {21, 10, 0}, kBits[3] = {11, 11, 10}, kHistAt[3] = {0, 2048, 4096};
+  #pragma unroll
+    for (int pass = 0; pass < 3; ++pass) {
+      const int shift = kShift[pass], n_bins = 1 << kBits[pass];
+      uint32_t* h = hist + kHistAt[pass];
+      for (int t = 0; t < n_tiles; ++t) {
+        if (!one_tile) load_tile<GQA>(src + int64_t(t) * kTile, tile_len(t), warp, lane, keys, n_q, q_stride, s_lse);
+        const int tl = tile_len(t);
+  #pragma unroll
+        for (int i = 0; i < kPerLane; ++i) {
+          const bool ok = warp * kWarpSpan + i * 32 + lane < tl;
+          if (ok && (keys[i] & prefix_mask) == prefix) atomicAdd(&h[(keys[i] >> shift) & (n_bins - 1)], 1u);
+        }
+      }
+      __syncthreads();
+      for (int gi = warp; gi < 32; gi += kWarps) {  // 32 groups of bins
+        const int per_group = n_bins / 32;
+        uint32_t v = 0;
+        for (int b = lane; b < per_group; b += 32) v += h[gi * per_group + b];
+        v = __reduce_add_sync(0xffffffffu, v);
+        if (lane == 0) group[pass][gi] = v;
+      }
+      cluster.sync();
+      if (warp == 0)
+        select_bin(cluster, h, group[pass], n_bins, shift, prefix, remaining, lane, &s_prefix, &s_remaining);
+      __syncthreads();
+      prefix = s_prefix;
+      remaining = s_remaining;
+      prefix_mask |= uint32_t(n_bins - 1) << shift;
+    }
+    const uint32_t thr = prefix, need_eq = remaining;
+    {
+      const uint32_t sel0 = thr >> 21, sel1 = (thr >> 10) & 2047u, sel2 = thr & 1023u;
+      uint32_t g = 0;
+      for (uint32_t b = tid; b < 2048; b += kTopThreads)
+        g += (b > sel0 ? hist[b] : 0u) + (b > sel1 ? hist[2048 + b] : 0u);
+      for (uint32_t b = tid; b < 1024; b += kTopThreads) g += b > sel2 ? hist[4096 + b] : 0u;
+      g = __reduce_add_sync(0xffffffffu, g);
+      if (lane == 0) s_warp[warp] = g;
+      __syncthreads();
+      if (warp == 0) {
+        g = __reduce_add_sync(0xffffffffu, lane < kWarps ? s_warp[lane] : 0u);
+        if (lane == 0) {
+          s_counts[0] = g;
+          s_counts[1] = hist[4096 + sel2];
+        }
+      }
     }
     cluster.sync();
-    uint32_t c_lo = 0xffffffffu, c_hi = 0u;
-    for (int r = 0; r < kCluster; ++r) {
-      const uint32_t* sp = cluster.map_shared_rank(s_span, r);
-      c_lo = min(c_lo, sp[0]);
-      c_hi = max(c_hi, sp[1]);
+    if (warp == 0) {
+      uint32_t g = 0, e = 0;
+      if (lane < rank) {
+        const uint32_t* c = cluster.map_shared_rank(s_counts, lane);
+        g = c[0];
+        e = c[1];
+      }
+      g = __reduce_add_sync(0xffffffffu, g);
+      e = __reduce_add_sync(0xffffffffu, e);
+      if (lane == 0) {
+        s_base[0] = g;
+        s_base[1] = e;
+      }
     }
-    const uint32_t diff = c_lo ^ c_hi;
-    const int up = diff ? __clz(diff) : 0;  // bits every key of the row shares, above the first that differs
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) keys[i] <<= up;
-  }
-  __syncthreads();
-  uint32_t prefix = 0, prefix_mask = 0, remaining = uint32_t(k);
-  constexpr int kShift[3] = {21, 10, 0}, kBits[3] = {11, 11, 10}, kHistAt[3] = {0, 2048, 4096};
-#pragma unroll
-  for (int pass = 0; pass < 3; ++pass) {
-    const int shift = kShift[pass], n_bins = 1 << kBits[pass];
-    uint32_t* h = hist + kHistAt[pass];
+    cluster.sync();
+    uint32_t run_gt = s_base[0], run_eq = s_base[1];
+    if (s_counts[0] == 0 && (s_counts[1] == 0 || run_eq >= need_eq)) return;
+    const uint32_t lt = (1u << lane) - 1u;
     for (int t = 0; t < n_tiles; ++t) {
-      if (n_tiles > 1) load_tile<GQA>(src + int64_t(t) * kTile, tile_len(t), warp, lane, keys, n_q, q_stride, s_lse);
+      if (!one_tile) load_tile<GQA>(src + int64_t(t) * kTile, tile_len(t), warp, lane, keys, n_q, q_stride, s_lse);
       const int tl = tile_len(t);
-#pragma unroll
+      uint32_t w_gt = 0, w_eq = 0;
+  #pragma unroll
       for (int i = 0; i < kPerLane; ++i) {
         const bool ok = warp * kWarpSpan + i * 32 + lane < tl;
-        if (ok && (keys[i] & prefix_mask) == prefix) atomicAdd(&h[(keys[i] >> shift) & (n_bins - 1)], 1u);
+        w_gt += __popc(__ballot_sync(0xffffffffu, ok && keys[i] > thr));
+        w_eq += __popc(__ballot_sync(0xffffffffu, ok && keys[i] == thr));
       }
-    }
-    __syncthreads();
-    for (int gi = warp; gi < 32; gi += kWarps) {  // 32 groups of bins
-      const int per_group = n_bins / 32;
-      uint32_t v = 0;
-      for (int b = lane; b < per_group; b += 32) v += h[gi * per_group + b];
-      v = __reduce_add_sync(0xffffffffu, v);
-      if (lane == 0) group[pass][gi] = v;
-    }
-    cluster.sync();
-    if (warp == 0)
-      select_bin(cluster, h, group[pass], n_bins, shift, prefix, remaining, lane, &s_prefix, &s_remaining);
-    __syncthreads();
-    prefix = s_prefix;
-    remaining = s_remaining;
-    prefix_mask |= uint32_t(n_bins - 1) << shift;
-  }
-  const uint32_t thr = prefix, need_eq = remaining;
-  {
-    const uint32_t sel0 = thr >> 21, sel1 = (thr >> 10) & 2047u, sel2 = thr & 1023u;
-    uint32_t g = 0;
-    for (uint32_t b = tid; b < 2048; b += kTopThreads) g += (b > sel0 ? hist[b] : 0u) + (b > sel1 ? hist[2048 + b] : 0u);
-    for (uint32_t b = tid; b < 1024; b += kTopThreads) g += b > sel2 ? hist[4096 + b] : 0u;
-    g = __reduce_add_sync(0xffffffffu, g);
-    if (lane == 0) s_warp[warp] = g;
-    __syncthreads();
-    if (warp == 0) {
-      g = __reduce_add_sync(0xffffffffu, lane < kWarps ? s_warp[lane] : 0u);
-      if (lane == 0) {
-        s_counts[0] = g;
-        s_counts[1] = hist[4096 + sel2];
+      if (lane == 0) s_warp[warp] = (w_gt << 16) | w_eq;
+      __syncthreads();
+      const uint32_t v = lane < kWarps ? s_warp[lane] : 0u;
+      const uint32_t incl = warp_inclusive_sum(v, lane);
+      const uint32_t before = __shfl_sync(0xffffffffu, incl - v, warp), total = __shfl_sync(0xffffffffu, incl, 31);
+      uint32_t my_gt = run_gt + (before >> 16), my_eq = run_eq + (before & 0xffffu);
+  #pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        const int off = warp * kWarpSpan + i * 32 + lane;
+        const bool ok = off < tl, gt = ok && keys[i] > thr, eq = ok && keys[i] == thr;
+        const uint32_t m_gt = __ballot_sync(0xffffffffu, gt), m_eq = __ballot_sync(0xffffffffu, eq);
+        const uint32_t g = my_gt + __popc(m_gt & lt), e = my_eq + __popc(m_eq & lt);
+        if (gt || (eq && e < need_eq)) osel[g + min(e, need_eq)] = int32_t(sr.c_lo + begin + int64_t(t) * kTile + off);
+        my_gt += __popc(m_gt);
+        my_eq += __popc(m_eq);
       }
+      run_gt += total >> 16;
+      run_eq += total & 0xffffu;
+      __syncthreads();
     }
-  }
-  cluster.sync();
-  if (warp == 0) {
-    uint32_t g = 0, e = 0;
-    if (lane < rank) {
-      const uint32_t* c = cluster.map_shared_rank(s_counts, lane);
-      g = c[0];
-      e = c[1];
-    }
-    g = __reduce_add_sync(0xffffffffu, g);
-    e = __reduce_add_sync(0xffffffffu, e);
-    if (lane == 0) {
-      s_base[0] = g;
-      s_base[1] = e;
-    }
-  }
-  cluster.sync();
-  uint32_t run_gt = s_base[0], run_eq = s_base[1];
-  if (s_counts[0] == 0 && (s_counts[1] == 0 || run_eq >= need_eq)) return;
-  const uint32_t lt = (1u << lane) - 1u;
-  for (int t = 0; t < n_tiles; ++t) {
-    if (n_tiles > 1) load_tile<GQA>(src + int64_t(t) * kTile, tile_len(t), warp, lane, keys, n_q, q_stride, s_lse);
-    const int tl = tile_len(t);
-    uint32_t w_gt = 0, w_eq = 0;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const bool ok = warp * kWarpSpan + i * 32 + lane < tl;
-      w_gt += __popc(__ballot_sync(0xffffffffu, ok && keys[i] > thr));
-      w_eq += __popc(__ballot_sync(0xffffffffu, ok && keys[i] == thr));
-    }
-    if (lane == 0) s_warp[warp] = (w_gt << 16) | w_eq;
-    __syncthreads();
-    const uint32_t v = lane < kWarps ? s_warp[lane] : 0u;
-    const uint32_t incl = warp_inclusive_sum(v, lane);
-    const uint32_t before = __shfl_sync(0xffffffffu, incl - v, warp), total = __shfl_sync(0xffffffffu, incl, 31);
-    uint32_t my_gt = run_gt + (before >> 16), my_eq = run_eq + (before & 0xffffu);
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int off = warp * kWarpSpan + i * 32 + lane;
-      const bool ok = off < tl, gt = ok && keys[i] > thr, eq = ok && keys[i] == thr;
-      const uint32_t m_gt = __ballot_sync(0xffffffffu, gt), m_eq = __ballot_sync(0xffffffffu, eq);
-      const uint32_t g = my_gt + __popc(m_gt & lt), e = my_eq + __popc(m_eq & lt);
-      if (gt || (eq && e < need_eq)) osel[g + min(e, need_eq)] = int32_t(sr.c_lo + begin + int64_t(t) * kTile + off);
-      my_gt += __popc(m_gt);
-      my_eq += __popc(m_eq);
-    }
-    run_gt += total >> 16;
-    run_eq += total & 0xffffu;
-    __syncthreads();
-  }
+  };
+  for (int64_t row = blockIdx.x / kCluster; row < n_rows; row += gridDim.x / kCluster)
+    if (!mode || mode[row] != 2) one_row(row);
 }
 
 // ---- gqa top-k by a sampled threshold
@@ -500,9 +511,22 @@ __global__ void __launch_bounds__(kKeptThreads)
     m = uint32_t(n);
     load_tile<true>(source.scores + row * n_q * source.stride + sr.c_lo, int(n), warp, lane, keys, n_q,
                     source.stride, s_lse);
+    // Less the row's smallest key: the aggregates (log-probabilities) share
+    // their top bits, which would put every key in a few bins of the first
+    // pass and serialize its shared atomics; the order and ties are kept.
+    uint32_t lo = 0xffffffffu;
 #pragma unroll
     for (int i = 0; i < kKeptPer; ++i) {
       ids[i] = uint32_t(warp * kWarpSpan + i * 32 + lane);
+      if (ids[i] < m) lo = min(lo, keys[i]);
+    }
+    lo = __reduce_min_sync(0xffffffffu, lo);
+    if (lane == 0) s_warp[warp] = lo;
+    __syncthreads();
+    lo = __reduce_min_sync(0xffffffffu, s_warp[lane]);
+#pragma unroll
+    for (int i = 0; i < kKeptPer; ++i) {
+      keys[i] = ids[i] < m ? keys[i] - lo : 0u;
       hi = max(hi, keys[i]);  // 0 past the row's end
     }
   } else {
@@ -633,12 +657,12 @@ bool sampled_topk_off() {
   return off;
 }
 
-// One cluster of kCluster blocks per row.
+// A cluster of kCluster blocks per row; after the sampled path (mode),
+// only as many clusters as the GPU holds at once, each passing over rows.
 template <bool GQA>
 void launch_topk(const Exec& x, int64_t n_rows, int n_kv_head, int kmax, const TopkSource& src,
                  const StepRanges* ranges, const int32_t* mode, int32_t* out) {
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(n_rows * kCluster));
   cfg.blockDim = dim3(kTopThreads);
   cfg.stream = st(x);
   cudaLaunchAttribute attr{};
@@ -647,7 +671,16 @@ void launch_topk(const Exec& x, int64_t n_rows, int n_kv_head, int kmax, const T
   attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
-  KVT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, topk_rows_kernel<GQA>, n_kv_head, kmax, src, ranges, mode, out));
+  static const int64_t resident = [&] {
+    cudaLaunchConfig_t c = cfg;
+    c.gridDim = dim3(unsigned(kCluster));
+    int n = 0;
+    KVT_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, topk_rows_kernel<GQA>, &c));
+    return std::max<int64_t>(1, n);
+  }();
+  const int64_t clusters = mode ? std::min(n_rows, resident) : n_rows;
+  cfg.gridDim = dim3(unsigned(clusters * kCluster));
+  KVT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, topk_rows_kernel<GQA>, n_rows, n_kv_head, kmax, src, ranges, mode, out));
   KVT_CUDA_LAUNCH_CHECK("topk_rows_kernel");
 }
 
