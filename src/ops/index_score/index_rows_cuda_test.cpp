@@ -384,7 +384,8 @@ TEST(IndexRowsCuda, Mma16ReadsCandidatesById) {
           for (int64_t i = 0; i < w[size_t(r / H)]; ++i) {
             const size_t at = size_t((r * n_q + j) * stride + i);
             ASSERT_TRUE(std::isfinite(want[at])) << r << " " << i;
-            ASSERT_EQ(got[at], want[at]) << "n_q " << n_q << " bx " << bx << " row " << r << " query " << j << " chunk " << i;
+            ASSERT_EQ(got[at], want[at])
+                << "n_q " << n_q << " bx " << bx << " row " << r << " query " << j << " chunk " << i;
             ++checked;
           }
       if (n_q == 1) continue;

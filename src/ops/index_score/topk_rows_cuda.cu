@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(kTopThreads)
     if (one_tile) {
       load_tile<GQA>(src, int(len), warp, lane, keys, n_q, q_stride, s_lse);
       uint32_t lo = 0xffffffffu, hi = 0u;
-  #pragma unroll
+#pragma unroll
       for (int i = 0; i < kPerLane; ++i)
         if (warp * kWarpSpan + i * 32 + lane < len) {
           lo = min(lo, keys[i]);
@@ -217,20 +217,20 @@ __global__ void __launch_bounds__(kTopThreads)
       }
       const uint32_t diff = c_lo ^ c_hi;
       const int up = diff ? __clz(diff) : 0;  // bits every key of the row shares, above the first that differs
-  #pragma unroll
+#pragma unroll
       for (int i = 0; i < kPerLane; ++i) keys[i] <<= up;
     }
     __syncthreads();
     uint32_t prefix = 0, prefix_mask = 0, remaining = uint32_t(k);
     constexpr int kShift[3] = {21, 10, 0}, kBits[3] = {11, 11, 10}, kHistAt[3] = {0, 2048, 4096};
-  #pragma unroll
+#pragma unroll
     for (int pass = 0; pass < 3; ++pass) {
       const int shift = kShift[pass], n_bins = 1 << kBits[pass];
       uint32_t* h = hist + kHistAt[pass];
       for (int t = 0; t < n_tiles; ++t) {
         if (!one_tile) load_tile<GQA>(src + int64_t(t) * kTile, tile_len(t), warp, lane, keys, n_q, q_stride, s_lse);
         const int tl = tile_len(t);
-  #pragma unroll
+#pragma unroll
         for (int i = 0; i < kPerLane; ++i) {
           const bool ok = warp * kWarpSpan + i * 32 + lane < tl;
           if (ok && (keys[i] & prefix_mask) == prefix) atomicAdd(&h[(keys[i] >> shift) & (n_bins - 1)], 1u);
@@ -293,7 +293,7 @@ __global__ void __launch_bounds__(kTopThreads)
       if (!one_tile) load_tile<GQA>(src + int64_t(t) * kTile, tile_len(t), warp, lane, keys, n_q, q_stride, s_lse);
       const int tl = tile_len(t);
       uint32_t w_gt = 0, w_eq = 0;
-  #pragma unroll
+#pragma unroll
       for (int i = 0; i < kPerLane; ++i) {
         const bool ok = warp * kWarpSpan + i * 32 + lane < tl;
         w_gt += __popc(__ballot_sync(0xffffffffu, ok && keys[i] > thr));
@@ -305,7 +305,7 @@ __global__ void __launch_bounds__(kTopThreads)
       const uint32_t incl = warp_inclusive_sum(v, lane);
       const uint32_t before = __shfl_sync(0xffffffffu, incl - v, warp), total = __shfl_sync(0xffffffffu, incl, 31);
       uint32_t my_gt = run_gt + (before >> 16), my_eq = run_eq + (before & 0xffffu);
-  #pragma unroll
+#pragma unroll
       for (int i = 0; i < kPerLane; ++i) {
         const int off = warp * kWarpSpan + i * 32 + lane;
         const bool ok = off < tl, gt = ok && keys[i] > thr, eq = ok && keys[i] == thr;
