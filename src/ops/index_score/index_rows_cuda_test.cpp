@@ -702,8 +702,11 @@ TEST(IndexRowsCuda, GqaMaskTopkExpandAndResidentListMatchCpu) {
 
 // topk_rows on score distributions that stress its radix passes: every key
 // equal, two values, one exponent (every key in a few bins of the first
-// pass), both signs with −inf among them, and rows long enough for two
-// tiles per block; against topk_rows_cpu, exactly.
+// pass), both signs with −inf among them, rows long enough for two tiles
+// per block, and a row (131,200 candidates) whose last block's part fits one
+// tile while the others' take two (the one-tile path, with its cluster
+// barrier, must be the whole cluster's or none's); against topk_rows_cpu,
+// exactly.
 TEST(IndexRowsCuda, TopkOnEdgeDistributionsMatchesCpu) {
   KVT_REQUIRE_GPU();
   Device dev(DeviceKind::cuda);
@@ -711,13 +714,18 @@ TEST(IndexRowsCuda, TopkOnEdgeDistributionsMatchesCpu) {
   std::mt19937 rng(9);
   std::normal_distribution<float> nd;
   const int kmax = 4096;
-  const std::vector<int64_t> n{5000, 5000, 70000, 70000, 200000, 140000};
-  const std::vector<int32_t> budget{700, 4096, 4096, 1000, 4096, 3000};
+  const std::vector<int64_t> n{5000, 5000, 70000, 70000, 200000, 140000, 131236};
+  const std::vector<int32_t> budget{700, 4096, 4096, 1000, 4096, 3000, 4096};
   const int n_seq = int(n.size()), H = 1;
   const int64_t stride = 200000;
   StepPlanParams sp{n_seq, 1, 1, 4, 32, 32, kmax};
   cuda::DeviceBuffer d_ranges;
   const auto ranges = ranges_for(sp, n, budget, x, &d_ranges);
+  {
+    const int64_t m = ranges[6].c_hi - ranges[6].c_lo, chunk = ((m + 7) / 8 + 31) / 32 * 32;  // the kernel's split
+    ASSERT_GT(chunk, 16384) << "two tiles in the first blocks";
+    ASSERT_LE(m - 7 * chunk, 16384) << "one tile in the last";
+  }
   std::vector<float> sc(size_t(n_seq) * stride, 0.f);
   for (int s = 0; s < n_seq; ++s) {
     float* r = sc.data() + size_t(s) * stride;
@@ -728,7 +736,8 @@ TEST(IndexRowsCuda, TopkOnEdgeDistributionsMatchesCpu) {
         case 2: r[i] = -12.f + 0.5f * nd(rng); break;                              // one exponent
         case 3: r[i] = (rng() % 50 == 0) ? -INFINITY : 100.f * nd(rng); break;     // both signs, −inf
         case 4: r[i] = -9.f - std::abs(nd(rng)); break;                            // two tiles per block
-        default: r[i] = float(int(rng() % 40)) * 0.125f - 2.f; break;               // many ties
+        case 5: r[i] = float(int(rng() % 40)) * 0.125f - 2.f; break;                // many ties
+        default: r[i] = 4.f * nd(rng); break;                                       // one tile in the last block
       }
     }
   }
