@@ -27,7 +27,7 @@ DenseKv::DenseKv(const KvPlan& plan, const Device& dev) : plan_(plan), dev_(dev)
   if (round_ && plan.host_spec.kind == QuantKind::higgs) {
     const QuantSpec& s = plan.host_spec;
     const int W = plan.geometry.n_kv_head * plan.geometry.head_dim;
-    const HiggsGrid& g = higgs_grid(s.grid_dim, s.grid_size);
+    const HiggsGrid& g = higgs_grid_of(s);
     grid_ = dev.alloc(g.points.size() * 4);
     copy(x_, grid_.data(), g.points.data(), grid_.bytes());
     if (s.random_signs) {

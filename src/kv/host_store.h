@@ -27,6 +27,7 @@ class CodedRows {
   size_t row_bytes() const { return row_bytes_; }
   int64_t bytes() const;  // records plus the per-tensor constant
   const QuantSpec& spec() const { return spec_; }
+  const uint8_t* row(int64_t i) const { return data_.data() + size_t(i) * row_bytes_; }  // the record of row i
 
  private:
   QuantSpec spec_;

@@ -251,9 +251,27 @@ void KeyIndex::score(int layer, const float* q, float scale, int64_t n_chunk, fl
   std::vector<float> raw(size_t(QH) * n_chunk);  // [n_head, n_chunk]
   // One GEMV per query head against its KV head's landmark rows (stride
   // n_kv_head * D): a GEMM with 1-2 query rows would pack all the rows first.
-  for (int h = 0; h < QH && n_chunk > 0; ++h)
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, int(n_chunk), D, scale, mir + size_t(h / group) * D, H * D,
-                q + size_t(h) * D, 1, 0.0f, raw.data() + size_t(h) * n_chunk, 1);
+  // U<n> landmarks score in integers from their codes (quant_format.h), as
+  // the decode step's score_rows does; the others are the mirror's dot products.
+  const bool integer = !lm_codes_.empty() && lm_codes_[size_t(layer)].spec().uniform_levels;
+  for (int h = 0; h < QH && n_chunk > 0; ++h) {
+    float* r = raw.data() + size_t(h) * n_chunk;
+    if (integer) {
+      const CodedRows& rows = lm_codes_[size_t(layer)];
+      ScoreParams sp;
+      sp.q = q + size_t(h) * D;
+      sp.codes = rows.row(h / group);
+      sp.code_stride = int64_t(H) * int64_t(rows.row_bytes());
+      sp.n_vec = n_chunk;
+      sp.dim = D;
+      sp.scores = r;
+      kvtier::score(rows.spec(), sp);
+      for (int64_t c = 0; c < n_chunk; ++c) r[c] *= scale;
+    } else {
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, int(n_chunk), D, scale, mir + size_t(h / group) * D, H * D,
+                  q + size_t(h) * D, 1, 0.0f, r, 1);
+    }
+  }
   if (only) {
     std::vector<uint8_t> in(static_cast<size_t>(n_chunk));
     for (int h = 0; h < QH; ++h) {

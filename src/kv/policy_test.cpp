@@ -171,6 +171,16 @@ TEST(Policy, ErrorsNameTheKeyAndTheValidValues) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("cache=step"), std::string::npos) << e.what();
   }
+  // U<n> grids score each landmark in integers: not as a residual's parts.
+  for (const char* bad : {"yakv,lm=residual,meta=higgs:U4,res=1bit", "yakv,lm=residual,meta=higgs4,res=higgs:U4"}) {
+    try {
+      plan_kv(parse_policy(bad), KvGeometry{32, 32, 8, 128}, DeviceKind::cpu);
+      ADD_FAILURE() << bad << " was planned";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("U<n>"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_NE(error_of("yakv,lm=higgs:U5").find("U<n>"), std::string::npos);
   EXPECT_NE(error_of("yakv,index=svd").find("none, landmarks, exact, shadowkv"),
             std::string::npos);
   EXPECT_NE(error_of("yakv,kv=int9").find("kv=int9"), std::string::npos);

@@ -33,7 +33,7 @@ size_t cells_at(const QuantSpec& s) { return norms_at(s) + (size_t(s.grid_size) 
 // 16-byte aligned) and signs (none for other formats).
 void upload_tables(const Device& dev, const QuantSpec& s, int dim, Buffer& grid, Buffer& signs) {
   if (s.kind != QuantKind::higgs) return;
-  const HiggsGrid& g = higgs_grid(s.grid_dim, s.grid_size);
+  const HiggsGrid& g = higgs_grid_of(s);
   grid = dev.alloc((cells_at(s) + g.cells.size()) * 4);
   copy(dev.exec(), grid.data(), g.points.data(), g.points.size() * 4);
   copy(dev.exec(), grid.data<float>() + norms_at(s), g.half_norm2.data(), g.half_norm2.size() * 4);
@@ -53,7 +53,7 @@ const float* half_norms(const QuantSpec& s, const Buffer& grid) {
   return grid.data<float>() + norms_at(s);
 }
 const uint32_t* cell_table(const QuantSpec& s, const Buffer& grid) {
-  if (s.kind != QuantKind::higgs || !grid || higgs_grid(s.grid_dim, s.grid_size).cells.empty()) return nullptr;
+  if (s.kind != QuantKind::higgs || !grid || higgs_grid_of(s).cells.empty()) return nullptr;
   return reinterpret_cast<const uint32_t*>(grid.data<float>() + cells_at(s));
 }
 

@@ -166,6 +166,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"yakv,budget=32,sink=4,local=16"}, Case{"yakv,budget=32,keys_prerope=1"},
                       Case{"yakv,budget=32,lm=1bit"}, Case{"yakv,budget=32,lm=fp8s"},
                       Case{"yakv,budget=32,lm=higgs1:rs"}, Case{"yakv,budget=32,lm=int3:g16"},
+                      Case{"yakv,budget=32,lm=higgs:U4"}, Case{"yakv,budget=32,lm=higgs:U4:g128:rs", 128, 8, 2},
                       Case{"yakv,budget=32,lm=residual,meta=higgs4,res=1bit,m=8"},
                       Case{"landmarks,chunk=4,lm=int4:g32,budget=32,local=8"},
                       Case{"landmarks,chunk=8,budget=40,sink=3,local=13"},

@@ -22,6 +22,7 @@ LutShape lut_shape(const QuantSpec& fmt, int dim) {
   LutShape s;
   const bool higgs = fmt.kind == QuantKind::higgs;
   if (!(higgs || fmt.kind == QuantKind::uniform || fmt.kind == QuantKind::binary) || dim < 1 || dim > 256) return s;
+  if (fmt.uniform_levels) return s;  // U<n> grids score in integers (quant_format.h), not through f32 tables
   const quant_layout::Grouped l = quant_layout::grouped_layout(fmt, dim);
   const bool whole_bytes = (l.bits == 1 || l.bits == 2 || l.bits == 4 || l.bits == 8) &&
                            int64_t(l.n_code) * l.bits == 8 * int64_t(l.code_bytes);
@@ -102,7 +103,7 @@ bool score_rows_leaves_partials(const ScoreRowsParams& p) {
 }
 
 bool score_rows_reads_candidates(const Exec& x, const ScoreRowsParams& p) {
-  return x.cuda() && p.layout == IndexRecLayout::planar_higgs2 && p.head_dim == 128 &&
+  return x.cuda() && p.layout == IndexRecLayout::planar_higgs2 && p.head_dim == 128 && !p.fmt.spec.uniform_levels &&
          planar_scorer_resolved(p.planar_scorer) == PlanarScorer::mma16;
 }
 

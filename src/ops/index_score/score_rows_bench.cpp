@@ -113,7 +113,7 @@ int run(const Options& o) {
   copy(x, d_p0.data(), p0.data(), p0.size() * sizeof(void*));
   copy(x, d_p1.data(), p1.data(), p1.size() * sizeof(void*));
   const QuantSpec fmt = parse_quant_spec("higgs2:g128");
-  const auto& pts = higgs_grid(fmt.grid_dim, fmt.grid_size).points;
+  const auto& pts = higgs_grid_of(fmt).points;
   Buffer grid = dev.alloc(pts.size() * 4);
   copy(x, grid.data(), pts.data(), pts.size() * 4);
   std::vector<float> q_h(size_t(max_rows * kNq * kHd));

@@ -89,7 +89,9 @@ const std::vector<float>& sign_vector(const QuantSpec& s, int G) {
 // higgs_grid's table (a lookup under a lock), remembered per thread.
 const HiggsGrid& grid_of(const QuantSpec& s) {
   thread_local const HiggsGrid* last = nullptr;
-  if (!last || last->dim != s.grid_dim || last->size != s.grid_size) last = &higgs_grid(s.grid_dim, s.grid_size);
+  thread_local bool last_uniform = false;
+  if (!last || last->dim != s.grid_dim || last->size != s.grid_size || last_uniform != s.uniform_levels)
+    last = &higgs_grid_of(s), last_uniform = s.uniform_levels;
   return *last;
 }
 
@@ -302,6 +304,61 @@ void higgs_score_group4(const Grouped& l, const HiggsGrid& grid, const float* qr
   }
 }
 
+// A U<n> grid's scores (quant_format.h): per query and group the int8
+// query (qdev::uniform_query), then per record integer sums. With 2-bit
+// codes a table of Σ q8·c per code byte position and byte value turns a
+// group into one lookup per byte (integer sums: any order gives the same).
+void uniform_score_cpu(const QuantSpec& s, const Grouped& l, const float* qr, const ScoreParams& p, int64_t stride) {
+  const int dim = p.dim, n = s.grid_size, G = l.group;
+  const float h = higgs_uniform_half_step(n);
+  const int64_t n_qg = int64_t(p.n_q) * l.n_group;
+  std::vector<qdev::UniformQuery> uq(static_cast<size_t>(n_qg));
+  std::vector<int32_t> q8(size_t(p.n_q) * dim), sums(static_cast<size_t>(n_qg));
+  for (int64_t jg = 0; jg < n_qg; ++jg) {
+    const float* qg = qr + jg * G;
+    float amax = 0;
+    for (int i = 0; i < G; ++i) amax = std::max(amax, std::abs(qg[i]));
+    uq[size_t(jg)] = qdev::uniform_query(amax, h);
+    int32_t sum = 0;
+    for (int i = 0; i < G; ++i) sum += q8[size_t(jg * G + i)] = qdev::uniform_q8(qg[i], uq[size_t(jg)]);
+    sums[size_t(jg)] = sum;
+  }
+  const bool bytes = l.bits == 2 && l.n_code % 4 == 0;
+  std::vector<int32_t> lut;  // [n_q · n_group][code_bytes][256]: Σ q8·c over a byte's 4 codes
+  if (bytes) {
+    lut.resize(size_t(n_qg * l.code_bytes) * 256);
+    for (int64_t jg = 0; jg < n_qg; ++jg)
+      for (int b = 0; b < int(l.code_bytes); ++b)
+        for (int v = 0; v < 256; ++v) {
+          int32_t a = 0;
+          for (int k = 0; k < 4; ++k) a += q8[size_t(jg * G + 4 * b + k)] * ((v >> (2 * k)) & 3);
+          lut[(size_t(jg * l.code_bytes) + b) * 256 + v] = a;
+        }
+  }
+  std::vector<uint16_t> code(static_cast<size_t>(G));
+  for (int64_t i = 0; i < p.n_vec; ++i) {
+    const uint8_t* rec = p.codes + i * stride;
+    for (int j = 0; j < p.n_q; ++j) {
+      float total = 0;
+      for (int g = 0; g < l.n_group; ++g) {
+        const int64_t jg = int64_t(j) * l.n_group + g;
+        const uint8_t* cg = rec + size_t(g) * l.code_bytes;
+        int32_t dot = 0;
+        if (bytes) {
+          const int32_t* lg = lut.data() + size_t(jg * l.code_bytes) * 256;
+          for (int b = 0; b < int(l.code_bytes); ++b) dot += lg[b * 256 + cg[b]];
+        } else {
+          unpack_codes(cg, l.n_code, l.bits, code.data());
+          for (int k = 0; k < G; ++k) dot += q8[size_t(jg * G + k)] * int32_t(code[size_t(k)]);
+        }
+        const float sigma = bf16_to_f32(load_u16(rec + l.meta_offset + 2 * size_t(g)));
+        total = qdev::f_add(total, qdev::uniform_group_score(sigma, uq[size_t(jg)], dot, sums[size_t(jg)], n));
+      }
+      p.scores[int64_t(j) * score_stride_of(p) + i] = total;
+    }
+  }
+}
+
 }  // namespace
 
 void higgs_score_cpu(const QuantSpec& s, const ScoreParams& p) {
@@ -323,6 +380,7 @@ void higgs_score_cpu(const QuantSpec& s, const ScoreParams& p) {
       hadamard_transform(qg, G);
     }
 
+  if (s.uniform_levels) return uniform_score_cpu(s, l, qr.data(), p, stride);
   std::vector<uint16_t> code(static_cast<size_t>(n_sub));  // [n_sub] the record's grid indices
   // Tabulating costs n_sub·n·d per query; a record then costs n_sub lookups
   // instead of n_sub·d multiply-adds.

@@ -208,4 +208,35 @@ const HiggsGrid& higgs_grid(int d, int n) {
   return *slot;
 }
 
+float higgs_uniform_half_step(int n) {
+  double step = 0;
+  switch (n) {
+    case 2: step = 1.596; break;
+    case 4: step = 0.9957; break;
+    case 8: step = 0.5860; break;
+    case 16: step = 0.3352; break;
+    default: fail("higgs grid U{}: expected 2, 4, 8 or 16 levels", n);
+  }
+  const int e = int(std::floor(std::log2(step / 2)));  // 8 significant bits
+  return float(std::ldexp(std::nearbyint(std::ldexp(step / 2, 7 - e)), e - 7));
+}
+
+const HiggsGrid& higgs_uniform_grid(int n) {
+  static std::mutex mu;
+  static std::map<int, std::unique_ptr<HiggsGrid>> cache;
+  const float h = higgs_uniform_half_step(n);
+  std::lock_guard<std::mutex> lock(mu);
+  auto& slot = cache[n];
+  if (!slot) {
+    std::vector<float> pts(static_cast<size_t>(n));
+    for (int c = 0; c < n; ++c) pts[size_t(c)] = float(2 * c - (n - 1)) * h;
+    slot = std::make_unique<HiggsGrid>(finish_grid(1, n, std::move(pts), fmt::format("U{}", n)));
+  }
+  return *slot;
+}
+
+const HiggsGrid& higgs_grid_of(const QuantSpec& s) {
+  return s.uniform_levels ? higgs_uniform_grid(s.grid_size) : higgs_grid(s.grid_dim, s.grid_size);
+}
+
 }  // namespace kvtier

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "ops/quant/quant_format.h"
+
 namespace kvtier {
 
 struct ShippedGrid {
@@ -35,6 +37,12 @@ struct HiggsGrid {
 // n < 2, n > 65536.
 const HiggsGrid& higgs_grid(int d, int n);
 constexpr uint64_t kLloydSeed = 0x4c6c6f7964ull;
+
+// The U<n> grid (n in 2, 4, 8, 16; d = 1): levels (2c − (n − 1))·h, h the
+// half step of higgs_uniform_half_step(n) (quant_format.h). Source "U<n>".
+const HiggsGrid& higgs_uniform_grid(int n);
+// The grid a HIGGS spec names: higgs_uniform_grid for U<n>, else higgs_grid.
+const HiggsGrid& higgs_grid_of(const QuantSpec& s);
 
 // Lloyd's algorithm (k-means++ start, then alternating nearest-point
 // assignment and centroid update) on max(1000·n, 100000) seeded N(0, I_d)

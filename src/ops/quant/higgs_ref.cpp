@@ -20,7 +20,7 @@ using namespace quant_layout;
 void higgs_quantize_ref(const QuantSpec& s, const float* x, int64_t n_vec, int dim, uint8_t* out) {
   size_t bpv = bytes_per_vector(s, dim);
   Grouped l = grouped_layout(s, dim);
-  const HiggsGrid& grid = higgs_grid(s.grid_dim, s.grid_size);
+  const HiggsGrid& grid = higgs_grid_of(s);
   const int d = s.grid_dim, G = l.group;
   std::vector<float> signs(size_t(G), 1.0f);  // [G] f32
   if (s.random_signs) hadamard_signs(s.sign_seed, G, signs.data());
@@ -53,7 +53,7 @@ void higgs_quantize_ref(const QuantSpec& s, const float* x, int64_t n_vec, int d
 void higgs_dequantize_ref(const QuantSpec& s, const uint8_t* in, int64_t n_vec, int dim, float* out) {
   size_t bpv = bytes_per_vector(s, dim);
   Grouped l = grouped_layout(s, dim);
-  const HiggsGrid& grid = higgs_grid(s.grid_dim, s.grid_size);
+  const HiggsGrid& grid = higgs_grid_of(s);
   const int d = s.grid_dim, G = l.group;
   std::vector<float> signs(size_t(G), 1.0f);  // [G] f32
   if (s.random_signs) hadamard_signs(s.sign_seed, G, signs.data());

@@ -106,9 +106,11 @@ inline std::vector<Case> cases(const std::string& family, int64_t n_many) {
       // shipped EDEN grids beyond the defaults (12-bit codes, d = 16), a custom
       // seed, and Lloyd grids: d = 1 and 32 (the generic search), n neither a
       // multiple of 8 nor a power of two (the CPU's scalar search; 4- and 5-bit codes)
+      // and U<n> grids (n uniform levels, scored in integers)
       for (const char* s : {"higgs:EDEN4-256:g128", "higgs:EDEN2-16", "higgs:EDEN4-16:g32:rs", "higgs:EDEN8-128:rs",
                             "higgs:EDEN8-4096:g64", "higgs:EDEN16-256:g128", "higgs2:g128:rs123", "higgs:EDEN1-8:g64",
-                            "higgs:EDEN4-12:g64:rs", "higgs:EDEN8-20:g32", "higgs:EDEN32-2:g128:rs"})
+                            "higgs:EDEN4-12:g64:rs", "higgs:EDEN8-20:g32", "higgs:EDEN32-2:g128:rs", "higgs:U4:g128",
+                            "higgs:U2:g64:rs", "higgs:U16:g32", "higgs:U8"})
         add(s, dim);
     }
   }
@@ -157,7 +159,7 @@ inline std::vector<float> vectors(int64_t n_vec, int dim, uint64_t seed) {
 // depends on every rounding of the rotation and the search: the rows that
 // tell an exact emulation from a close one. row: [dim] f32.
 inline void near_tie_row(const QuantSpec& s, int dim, uint64_t seed, float* row) {
-  const HiggsGrid& grid = higgs_grid(s.grid_dim, s.grid_size);
+  const HiggsGrid& grid = higgs_grid_of(s);
   const int G = resolved_group(s, dim), d = s.grid_dim, n = grid.size, n_sub = G / d;
   if (n_sub < 2) return;
   std::vector<float> signs(size_t(G), 1.0f);

@@ -43,6 +43,7 @@ struct DevFormat {
   float hadamard_scale = 1.f;         // higgs: f32(1/√G), as hadamard_transform computes it
   const uint32_t* cells = nullptr;    // higgs with d = 2, optional: the search's bucket table (higgs_cells.h);
                                       // null: every point is scored
+  float uniform_half_step = 0.f;      // higgs U<n> (QuantSpec::uniform_levels): h, scored in integers; else 0
 };
 
 namespace qdev {
@@ -112,6 +113,7 @@ inline DevFormat make_dev_format(const RecordFormat& r, float tensor_scale) {
     f.half_norm2 = r.half_norm2;
     f.cells = s.grid_dim == 2 ? r.cells : nullptr;
     f.hadamard_scale = 1.0f / std::sqrt(float(f.group));
+    if (s.uniform_levels) f.uniform_half_step = higgs_uniform_half_step(s.grid_size);
   }
   return f;
 }

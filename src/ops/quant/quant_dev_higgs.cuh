@@ -201,15 +201,53 @@ KVT_QD void higgs_dequantize(const DevFormat& f, const uint8_t* rec, float* out)
   }
 }
 
+// ---- U<n> grids (QuantSpec::uniform_levels): scores in integers, the same
+// on every device. A group's rotated query q becomes int8 values
+// q8 = rint(q·inv), inv = 127/amax (amax = max |q|; all 0 when amax is 0);
+// with their sum S0 and the factor h·amax/127, a record's group of codes c
+// scores (σ · factor) · (2 Σ q8·c − (n − 1)·S0): q8 · (2c − (n − 1))·h·amax/127.
+struct UniformQuery {
+  float inv = 0.f;     // 127 / amax
+  float factor = 0.f;  // h · amax / 127
+};
+KVT_QD_INLINE UniformQuery uniform_query(float amax, float h) {
+  UniformQuery u;
+  if (amax > 0) u.inv = f_div(127.f, amax), u.factor = f_mul(h, f_div(amax, 127.f));
+  return u;
+}
+KVT_QD_INLINE int32_t uniform_q8(float q, const UniformQuery& u) { return int32_t(f_rint(f_mul(q, u.inv))); }
+// dot = Σ q8·c, sum = Σ q8 over the group; n levels.
+KVT_QD_INLINE float uniform_group_score(float sigma, const UniformQuery& u, int32_t dot, int32_t sum, int n) {
+  return f_mul(f_mul(sigma, u.factor), float(2 * dot - (n - 1) * sum));
+}
+// One group's score from its rotated query qg and its codes.
+KVT_QD float uniform_group_rotated(const DevFormat& f, const float* qg, BitReader& codes, float sigma) {
+  float amax = 0;
+  for (int i = 0; i < f.group; ++i) amax = fmaxf(amax, fabsf(qg[i]));
+  const UniformQuery u = uniform_query(amax, f.uniform_half_step);
+  int32_t dot = 0, sum = 0;
+  for (int p = 0; p < f.n_code; ++p) {
+    const int32_t q8 = uniform_q8(qg[p], u);
+    dot += q8 * int32_t(read_code(f, codes));
+    sum += q8;
+  }
+  return uniform_group_score(sigma, u, dot, sum, f.grid_size);
+}
+
 // q·x̂ = Σ_g σ_g · (H(s ⊙ q_g)) · grid[codes_g]: H is orthonormal and symmetric.
+// (U<n> grids: the groups' integer scores, summed.)
 KVT_QD float higgs_score_rotated(const DevFormat& f, const float* q_rot, const uint8_t* rec) {
   BitReader codes(rec, rec + f.bytes), meta(rec + f.meta_offset, rec + f.bytes);
   float total = 0;
   for (int g = 0; g < f.n_group; ++g) {
     const float sigma = bf16_f32(meta.get(16));
-    const float acc = group_dot(f, q_rot + int64_t(g) * f.group, codes);
+    if (f.uniform_half_step > 0) {
+      total = f_add(total, uniform_group_rotated(f, q_rot + int64_t(g) * f.group, codes, sigma));
+    } else {
+      const float acc = group_dot(f, q_rot + int64_t(g) * f.group, codes);
+      total = f_fma(sigma, acc, total);
+    }
     codes.next_byte();
-    total = f_fma(sigma, acc, total);
   }
   return total;
 }
@@ -223,9 +261,13 @@ KVT_QD float higgs_score_raw(const DevFormat& f, const float* q, const uint8_t* 
     float* u = scratch ? scratch + int64_t(g) * f.group : local;
     rotate_group(f, q + int64_t(g) * f.group, u);
     const float sigma = bf16_f32(meta.get(16));
-    const float acc = group_dot(f, u, codes);
+    if (f.uniform_half_step > 0) {
+      total = f_add(total, uniform_group_rotated(f, u, codes, sigma));
+    } else {
+      const float acc = group_dot(f, u, codes);
+      total = f_fma(sigma, acc, total);
+    }
     codes.next_byte();
-    total = f_fma(sigma, acc, total);
   }
   return total;
 }

@@ -34,9 +34,9 @@ class HostRunner : public Runner {
     r.dim = dim;
     r.bytes = int64_t(bytes_per_vector(s, dim));
     if (s.kind == QuantKind::higgs) {
-      r.grid = grid ? keep_.emplace_back(*grid).data() : higgs_grid(s.grid_dim, s.grid_size).points.data();
-      if (!grid && !higgs_grid(s.grid_dim, s.grid_size).cells.empty())
-        r.cells = higgs_grid(s.grid_dim, s.grid_size).cells.data();  // d = 2: the search by cells
+      r.grid = grid ? keep_.emplace_back(*grid).data() : higgs_grid_of(s).points.data();
+      if (!grid && !higgs_grid_of(s).cells.empty())
+        r.cells = higgs_grid_of(s).cells.data();  // d = 2: the search by cells
       if (s.random_signs) {
         const int G = resolved_group(s, dim);
         std::vector<float>& sg = keep_.emplace_back(size_t(G));

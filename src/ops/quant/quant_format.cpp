@@ -51,7 +51,7 @@ const char* kind_name(QuantKind k) {
 QuantSpec parse_quant_spec(const std::string& text) {
   const char* grammar =
       "expected f32|bf16|fp8|fp8s|nvfp4|int<1..8>|1bit|higgs<4|3|2|1|0.5>|higgs, then options "
-      ":g<N> (int/higgs), :EDEN<d>-<n> (higgs), :rs[<seed>] (higgs), e.g. \"higgs2:g128\"";
+      ":g<N> (int/higgs), :EDEN<d>-<n> or :U<n> (higgs), :rs[<seed>] (higgs), e.g. \"higgs2:g128\"";
   std::vector<std::string_view> parts;
   std::string_view rest(text);
   while (true) {
@@ -112,6 +112,14 @@ QuantSpec parse_quant_spec(const std::string& text) {
         fail("quant spec \"{}\": grid \"{}\" is not EDEN<d>-<n> with d in 1..64, n in 2..65536", text, opt);
       s.grid_dim = int(d), s.grid_size = int(n);
       higgs_bits_given = true;
+    } else if (opt.starts_with("U")) {
+      KVT_CHECK(s.kind == QuantKind::higgs, "quant spec \"{}\": option \"{}\" is for higgs only", text, opt);
+      KVT_CHECK(!higgs_bits_given, "quant spec \"{}\": give either a bit width or \"{}\", not both "
+                "(write \"higgs:{}\")", text, opt, opt);
+      if (!parse_int(opt.substr(1), v) || (v != 2 && v != 4 && v != 8 && v != 16))
+        fail("quant spec \"{}\": grid \"{}\" is not U<n> with n in 2, 4, 8, 16", text, opt);
+      s.grid_dim = 1, s.grid_size = int(v), s.uniform_levels = true;
+      higgs_bits_given = true;
     } else if (opt.starts_with("rs")) {
       KVT_CHECK(s.kind == QuantKind::higgs, "quant spec \"{}\": option \"{}\" is for higgs only", text, opt);
       s.random_signs = true;
@@ -149,6 +157,7 @@ std::string to_string(const QuantSpec& s) {
     out = fmt::format("higgs:EDEN{}-{}", s.grid_dim, s.grid_size);
     for (const HiggsDefault& h : kHiggsDefaults)
       if (h.d == s.grid_dim && h.n == s.grid_size) out = fmt::format("higgs{}", h.bits);
+    if (s.uniform_levels) out = fmt::format("higgs:U{}", s.grid_size);
   } else {
     out = kind_name(s.kind);
   }
@@ -250,7 +259,7 @@ void score(const QuantSpec& spec, const float* q, const uint8_t* codes, int64_t 
 
 bool same_format(const QuantSpec& a, const QuantSpec& b) {
   return a.kind == b.kind && a.bits == b.bits && a.group == b.group && a.grid_dim == b.grid_dim &&
-         a.grid_size == b.grid_size && a.random_signs == b.random_signs &&
+         a.grid_size == b.grid_size && a.uniform_levels == b.uniform_levels && a.random_signs == b.random_signs &&
          (!a.random_signs || a.sign_seed == b.sign_seed);
 }
 

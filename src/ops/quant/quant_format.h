@@ -42,10 +42,22 @@
 //                                  higgs: Hadamard group, a power of two)
 //            | "EDEN" D "-" N     (higgs grid: D-dim, N points; shipped grids
 //                                  are embedded, others are made by Lloyd)
+//            | "U" N              (higgs grid: N uniform levels per coordinate,
+//                                  d = 1, N in 2, 4, 8, 16; scored with an
+//                                  int8 query, see below)
 //            | "rs" | "rs" SEED   (higgs: random ±1 signs before the Hadamard,
 //                                  fixed seed; default seed 0x5eed)
 // Examples: "bf16", "fp8", "fp8s", "nvfp4", "int4", "int2:g64", "1bit",
-// "higgs2", "higgs4:g128", "higgs:EDEN4-256:g128", "higgs2:g128:rs".
+// "higgs2", "higgs4:g128", "higgs:EDEN4-256:g128", "higgs2:g128:rs", "higgs:U4:g128".
+//
+// HIGGS with a U<N> grid: each rotated coordinate on N evenly spaced levels
+// (2c − (N − 1))·h, c = 0 .. N − 1, h half of the MSE-optimal uniform step
+// for N(0, 1) (higgs_uniform_grid). Its score() is defined in integers, so
+// that every device computes the same value: per group, the rotated query
+// q' is rounded to int8 (q8 = rint(q'·(127/amax)), amax = max |q'|), and
+//   q·x̂ ≈ (σ · h·amax/127) · (2 Σ q8·c − (N − 1) Σ q8)
+// (qdev::uniform_query, qdev::uniform_group_score). The int8 rounding moves
+// a score by about 0.3 % of |q|·|x| at most; quantize/dequantize are HIGGS's.
 // Group 0 (the default) means "the whole vector": for uniform g = dim; for
 // higgs G = the largest power of two dividing dim (dim itself when it is one).
 #pragma once
@@ -63,6 +75,7 @@ struct QuantSpec {
   int group = 0;          // uniform/binary: values per group; higgs: Hadamard group G; 0 = whole vector
   int grid_dim = 0;       // higgs: d, the sub-vector dimension of the grid
   int grid_size = 0;      // higgs: n, the number of grid points
+  bool uniform_levels = false;    // higgs: the grid is U<grid_size> (grid_dim 1), scored in integers
   bool random_signs = false;      // higgs: ±1 signs (seeded) before the Hadamard
   uint64_t sign_seed = 0x5eed;    // higgs: the fixed seed of those signs
   float tensor_scale = 1.0f;      // nvfp4: the per-tensor FP32 scale (runtime, not in to_string)
@@ -77,6 +90,12 @@ bool same_format(const QuantSpec& a, const QuantSpec& b);
 std::string to_string(const QuantSpec& spec);
 // Average bits per value of one vector of `dim` values, scales included.
 double bits_per_value(const QuantSpec& spec, int dim);
+
+// U<n> grids: half of the MSE-optimal uniform step for N(0, 1) with n levels
+// (Max, 1960: 1.596, 0.9957, 0.5860, 0.3352 for 2, 4, 8, 16), rounded to 8
+// significant bits so that every level is exact in fp16 and f32. Throws for
+// other n. (Defined with the grids, higgs_grid.cpp.)
+float higgs_uniform_half_step(int n);
 
 // Exact bytes of one quantized vector of `dim` values (see the layouts above).
 // Throws kvtier::Error when `dim` does not fit the spec (nvfp4: dim % 16,
