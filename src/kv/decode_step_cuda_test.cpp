@@ -202,7 +202,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"landmarks,chunk=8,budget=40,sink=3,local=13,reselect=4"},
                       Case{"shadowkv,rank=32,budget=48,outliers=4,reselect=2"},
                       Case{"yakv,budget=48,reselect=2,rescore=2"}, Case{"yakv,budget=48,gqa=mean,reselect=3,rescore=1"},
-                      Case{"oracle,budget=48,reselect=2,rescore=3"}, Case{"yakv,budget=48,reselect=2,rescore=2", 128, 28, 4}));
+                      Case{"oracle,budget=48,reselect=2,rescore=3"}, Case{"yakv,budget=48,reselect=2,rescore=2", 128, 28, 4},
+                      Case{"yakv,budget=48,lm=higgs:U4:g128"}, Case{"yakv,budget=48,lm=higgs:U4:g128:rs", 128, 28, 4},
+                      Case{"yakv,budget=48,lm=higgs:U4:g128,reselect=2,rescore=2"}));
 
 // cache=auto: every token's decoded K/V where GPU memory allows (a small
 // sequence: always), and on the CPU the last step's selection.

@@ -17,10 +17,13 @@ bool is_grouped(const QuantSpec& s) {
   return s.kind == QuantKind::higgs || s.kind == QuantKind::uniform || s.kind == QuantKind::binary;
 }
 
-// The per-token 2-bit HIGGS landmark that the GPU's planar scoring kernel reads.
+// The per-token 2-bit HIGGS landmarks that the GPU's planar scoring kernels
+// read: the 4-D grid of 256 points (a code byte per 4 dims), or 4 uniform
+// levels per dim (U4: four 2-bit codes per byte, scored in integers).
 bool planar_higgs2(const QuantSpec& lm, int head_dim) {
-  return lm.kind == QuantKind::higgs && lm.grid_dim == 4 && lm.grid_size == 256 && head_dim == 128 &&
-         (lm.group == 128 || lm.group == 0);
+  const bool grid4 = lm.grid_dim == 4 && lm.grid_size == 256 && !lm.uniform_levels;
+  const bool u4 = lm.uniform_levels && lm.grid_size == 4;
+  return lm.kind == QuantKind::higgs && (grid4 || u4) && head_dim == 128 && (lm.group == 128 || lm.group == 0);
 }
 
 const char* elt_name(KvElt e) { return e == KvElt::fp8 ? "fp8" : e == KvElt::f32 ? "f32" : "bf16"; }
@@ -81,8 +84,11 @@ KvPlan plan_kv(const PolicyConfig& p, const KvGeometry& g, DeviceKind device) {
     k.index_spec = resolved_lm_spec(p.lm, D);
     if (gpu && k.chunk == 1 && planar_higgs2(k.index_spec, D)) {
       k.index = IndexLayout::higgs2_planar;
-      k.notes.push_back("index: per-token 2-bit HIGGS landmarks on the GPU in planes (32 code bytes + a bf16 scale "
-                        "per token and head), scored by the lookup-table kernel");
+      k.notes.push_back(k.index_spec.uniform_levels
+                            ? "index: per-token 2-bit HIGGS landmarks (4 uniform levels per dim) on the GPU in planes "
+                              "(32 code bytes + a bf16 scale per token and head), scored by the int8 tensor-core kernel"
+                            : "index: per-token 2-bit HIGGS landmarks on the GPU in planes (32 code bytes + a bf16 "
+                              "scale per token and head), scored by the tensor-core kernel");
     } else {
       k.index = IndexLayout::records;
       k.notes.push_back(fmt::format("index: {} landmarks of {} on the {}{}", k.chunk == 1 ? "per-token" : "chunk-mean",
@@ -91,6 +97,9 @@ KvPlan plan_kv(const PolicyConfig& p, const KvGeometry& g, DeviceKind device) {
     }
   }
   k.index_rec_bytes = k.index == IndexLayout::higgs2_planar ? 34 : int64_t(bytes_per_vector(k.index_spec, D));
+  KVT_CHECK(!k.meta_spec.uniform_levels && !(p.residual && k.index_spec.uniform_levels),
+            "kv policy: residual landmarks on a U<n> grid are not supported (U<n> scores each landmark in integers; "
+            "use it as lm= of plain landmarks)");
   KVT_CHECK(k.meta_spec.kind != QuantKind::nvfp4 && !(p.residual && k.index_spec.kind == QuantKind::nvfp4),
             "kv policy: residual landmarks in nvfp4 are not supported (a residual has no stable per-tensor scale); "
             "use nvfp4 for plain landmarks or another format for meta/res");

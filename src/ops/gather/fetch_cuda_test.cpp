@@ -28,7 +28,7 @@ struct Tables {  // a HIGGS spec's grid and signs on the device
   RecordFormat fmt(const QuantSpec& s, int dim) {
     RecordFormat f{s, dim, int64_t(bytes_per_vector(s, dim))};
     if (s.kind == QuantKind::higgs) {
-      grid = to_device(higgs_grid(s.grid_dim, s.grid_size).points);
+      grid = to_device(higgs_grid_of(s).points);
       f.grid = grid.data<float>();
       if (s.random_signs) {
         std::vector<float> sg(size_t(resolved_group(s, dim)));
@@ -331,7 +331,7 @@ INSTANTIATE_TEST_SUITE_P(
                       HostCase{"higgs4:g128", false, false, true, 128, true}));
 
 struct IndexCase {
-  const char* spec;  // "planar" or a records format; "residual"
+  const char* spec;  // "planar" (higgs2 codes; "planar:U4": U4 codes) or a records format; "residual"
   int chunk = 1, m = 1;
   int head_dim = 128;
   bool cos_stats = true;  // chunk > 1: also ShadowKV's cosine stats (HIGGS records without them: the warp kernel)
@@ -347,7 +347,7 @@ TEST_P(IndexWriteCuda, WritesTheCpuRecords) {
   const Exec& x = dev.exec();
   std::mt19937 rng(23);
   const int H = 2, D = c.head_dim, W = H * D, n_seq = 2;
-  const bool planar = name == "planar", residual = name == "residual";
+  const bool planar = name.starts_with("planar"), residual = name == "residual";
   const int unit = c.chunk * c.m, ring = std::max(16, unit - 1), sink = 0;
   Tables t0, t1;
   IndexWriteParams ip;
@@ -356,7 +356,7 @@ TEST_P(IndexWriteCuda, WritesTheCpuRecords) {
   ip.layout = planar ? IndexRecLayout::planar_higgs2 : residual ? IndexRecLayout::residual : IndexRecLayout::records;
   ip.chunk = c.chunk;
   ip.unit = unit;
-  ip.fmt = t0.fmt(parse_quant_spec(planar ? "higgs2:g128" : residual ? "1bit" : c.spec), D);
+  ip.fmt = t0.fmt(parse_quant_spec(name == "planar:U4" ? "higgs:U4:g128" : planar ? "higgs2:g128" : residual ? "1bit" : c.spec), D);
   if (residual) ip.meta = t1.fmt(parse_quant_spec("higgs4"), D);
   ip.sink = sink;
   ip.ring = ring;
@@ -449,7 +449,7 @@ TEST_P(IndexWriteCuda, WritesTheCpuRecords) {
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, IndexWriteCuda,
-    ::testing::Values(IndexCase{"planar"}, IndexCase{"bf16", 8}, IndexCase{"fp8", 1}, IndexCase{"higgs1:rs", 1},
+    ::testing::Values(IndexCase{"planar"}, IndexCase{"planar:U4"}, IndexCase{"bf16", 8}, IndexCase{"fp8", 1}, IndexCase{"higgs1:rs", 1},
                       IndexCase{"int4:g32", 4}, IndexCase{"1bit", 1}, IndexCase{"fp8s", 2},
                       IndexCase{"residual", 1, 8}, IndexCase{"residual", 2, 4}, IndexCase{"higgs2:g64", 1, 1, 64},
                       IndexCase{"bf16", 8, 1, 64}, IndexCase{"higgs2", 1, 1, 256},

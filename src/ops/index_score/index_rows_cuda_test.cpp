@@ -407,7 +407,8 @@ TEST(IndexRowsCuda, Mma16ReadsCandidatesById) {
 }
 
 struct ScoreCase {
-  const char* spec;  // records format; "planar" for the GPU's higgs2 planes; "residual" (higgs4 meta + 1bit)
+  const char* spec;  // records format; "planar" for the GPU's higgs2 planes ("planar:U4": U4 codes, scored in
+                     // integers); "residual" (higgs4 meta + 1bit)
   int head_dim = 128;
   int n_q = 1;
   bool candidates_only = true;
@@ -434,8 +435,8 @@ TEST_P(ScoreRowsCuda, MatchesTheCpuQuantizersScores) {
   cuda::DeviceBuffer d_ranges;
   const auto ranges = ranges_for(sp, n, budget, x, &d_ranges);
   const int64_t stride = 2600;
-  const bool planar = spec == "planar", residual = spec == "residual";
-  const QuantSpec fmt = parse_quant_spec(planar ? "higgs2:g128" : residual ? "1bit" : spec);
+  const bool planar = spec.starts_with("planar"), residual = spec == "residual", u4 = spec == "planar:U4";
+  const QuantSpec fmt = parse_quant_spec(u4 ? "higgs:U4:g128" : planar ? "higgs2:g128" : residual ? "1bit" : spec);
   const QuantSpec meta = parse_quant_spec("higgs4");
   const size_t rb = bytes_per_vector(fmt, D), mb = bytes_per_vector(meta, D);
   Rows p0, p1;
@@ -482,7 +483,7 @@ TEST_P(ScoreRowsCuda, MatchesTheCpuQuantizersScores) {
   RecordFormat mf{meta, D, int64_t(mb)};
   cuda::DeviceBuffer grid, signs, mgrid;
   if (fmt.kind == QuantKind::higgs) {
-    grid = to_device(higgs_grid(fmt.grid_dim, fmt.grid_size).points);
+    grid = to_device(higgs_grid_of(fmt).points);
     rf.grid = grid.data<float>();
     if (fmt.random_signs) {
       std::vector<float> sg(size_t(resolved_group(fmt, D)));
@@ -560,6 +561,7 @@ TEST_P(ScoreRowsCuda, MatchesTheCpuQuantizersScores) {
       }
   }
   EXPECT_LT(worst, 2e-5) << spec;
+  if (u4) EXPECT_EQ(worst, 0.0) << "the U4 scores are integer sums: the GPU's equal the CPU's";
   if (!score_rows_leaves_partials(p) || c.candidates_only) return;
   // The planar and byte-table scorers' softmax partials (ScoreRowsParams::gqa_scratch) give
   // gqa_rows the GQA aggregate of the CPU's scores without its own pass.
@@ -608,7 +610,11 @@ INSTANTIATE_TEST_SUITE_P(
                       ScoreCase{"planar", 128, 1, true, false, true, 0, PlanarScorer::mma16},
                       ScoreCase{"planar", 128, 2, false, false, true, 0, PlanarScorer::mma16},
                       ScoreCase{"planar", 128, 7, false, false, true, 0, PlanarScorer::mma16},
-                      ScoreCase{"planar", 128, 4, false, false, true, 9, PlanarScorer::mma16}));
+                      ScoreCase{"planar", 128, 4, false, false, true, 9, PlanarScorer::mma16},
+                      // U4 codes, scored in integers (passes of 8 queries: 12 = 8 + 4)
+                      ScoreCase{"planar:U4", 128, 1, true}, ScoreCase{"planar:U4", 128, 4, false},
+                      ScoreCase{"planar:U4", 128, 7, false}, ScoreCase{"planar:U4", 128, 12, false},
+                      ScoreCase{"planar:U4", 128, 4, false, false, true, 9}));
 
 // The byte-table scorer: every format family it takes, head_dim 64 to 256,
 // query counts that split into passes of 4, 2 and 1, and with gqa=shadowkv's

@@ -23,6 +23,10 @@
 //    PlanarScorer::mma16 (the default; higgs2_mma16_kernel): the same
 //    products with the tokens as the product's rows, 16 per product, in
 //    fewer instructions.
+//    With the U4 grid (QuantSpec::uniform_levels, 4 uniform levels per dim)
+//    the planes hold four 2-bit codes per byte and u4_imma_kernel scores
+//    them in integers (quant_format.h) on the int8 tensor cores, with no
+//    grid lookups.
 //  * records whose codes fill whole bytes (higgs4/2/1/0.5, 1bit, int1/2/4/8)
 //    and residual landmarks of them: the byte-table kernel of
 //    score_lut_cuda.cu, the same idea over any such format;
@@ -629,6 +633,209 @@ __global__ void __launch_bounds__(k16Threads, 3) higgs2_mma16_kernel(ScoreRowsPa
   mma_block_partials<k16Threads>(gp, row * p.n_q + q0, nq, lm, ls, 4, 16, gr == 0, xc);
 }
 
+// The planar index with the U4 grid (QuantSpec::uniform_levels): the
+// integer scores of quant_format.h on the tensor cores, mma.m16n8k32 with
+// u8 × s8 → s32. A (16 × 32): 16 tokens' codes, one byte each; B (32 × 8):
+// up to 8 queries' int8 values (qdev::uniform_query). A token's code word w
+// holds dims 16w .. 16w + 15, dim 16w + 4k + j in bits 2j of byte k, so
+// (w >> 2j) & 0x03030303 is the codes of dims 16w + 4k + j (k = 0 .. 3) as
+// four bytes. Lane (gr, x) loads words 2x and 2x + 1 of tokens gr and gr + 8;
+// in product m its A registers are those words shifted by 2m: column 4x + k
+// is dim 32x + 4k + m, column 16 + 4x + k dim 32x + 16 + 4k + m, and its B
+// registers (rows 4x + k, 16 + 4x + k of query gr) are query gr's values of
+// the same dims, all from the lane's own 32 dims 32x .. 32x + 31. Four
+// products give Σ q8·c of 16 tokens and 8 queries: lane (gr, x) ends with
+// queries 2x, 2x + 1 of tokens gr and gr + 8. No grid lookups: per token the
+// codes are 32 bytes and the work ~2 integer operations per 4 dims. Spans,
+// the cp.async double buffer and the scales as higgs2_mma16_kernel.
+constexpr int kU4Threads = 256;
+constexpr int kU4Span = 64;                   // a warp's tokens per iteration
+constexpr int kU4StageBytes = kU4Span * 32;   // codes
+constexpr int kU4MaxQ = 8;                    // queries per launch
+constexpr size_t kU4Smem = size_t(kU4Threads / 32) * 2 * kU4StageBytes;
+
+__device__ __forceinline__ void mma_u8s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Scores queries [q0, q0 + nq) of each row, nq ≤ 8; grid: the U4 levels
+// (level 2 is the half step h).
+__global__ void __launch_bounds__(kU4Threads, 3) u4_imma_kernel(ScoreRowsParams p, int q0, int nq,
+                                                                const float* __restrict__ q,
+                                                                const uint8_t* const* __restrict__ codes_rows,
+                                                                const uint8_t* const* __restrict__ scale_rows,
+                                                                const StepRanges* __restrict__ ranges,
+                                                                const float* __restrict__ grid,
+                                                                float* __restrict__ scores) {
+  constexpr int kT = kU4Span / 16;  // tiles per span
+  extern __shared__ __align__(16) uint8_t u4_smem[];
+  const int64_t row = blockIdx.y;
+  const Range rg = score_range(p, ranges[row / p.n_kv_head]);
+  const GqaPartials gp =
+      p.gqa_scratch ? gqa_partials(p.gqa_scratch, int64_t(gridDim.y) * p.n_q) : GqaPartials{nullptr, nullptr};
+  if (int64_t(blockIdx.x) * (kU4Threads / 32) * kU4Span >= rg.n) {  // no token for this block
+    if (gp.part && int(threadIdx.x) < nq) put_partial(gp, row * p.n_q + q0 + threadIdx.x, -INFINITY, 0.f);
+    return;
+  }
+  const int lane = threadIdx.x & 31, gr = lane >> 2, xc = lane & 3;
+  // B: query gr's int8 values of dims 32xc .. 32xc + 31 (this lane's), as
+  // quant_format.h defines them: the four lanes of a query share its amax.
+  uint32_t b[4][2];
+  float factor;
+  int32_t sum = 0;
+  {
+    const bool in = gr < nq;
+    float qv[32];
+    const float4* qr = reinterpret_cast<const float4*>(q + ((row * p.n_q) + q0 + (in ? gr : 0)) * 128 + 32 * xc);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float4 v = in ? qr[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+      qv[4 * i] = v.x, qv[4 * i + 1] = v.y, qv[4 * i + 2] = v.z, qv[4 * i + 3] = v.w;
+    }
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(qv[i]));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    const qdev::UniformQuery u = qdev::uniform_query(amax, __ldg(grid + 2));
+    factor = u.factor;
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        uint32_t w = 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int32_t v = qdev::uniform_q8(qv[16 * half + 4 * k + m], u);
+          sum += v;
+          w |= (uint32_t(v) & 0xffu) << (8 * k);
+        }
+        b[m][half] = w;
+      }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+  }
+  // This lane's outputs: queries 2xc and 2xc + 1 (their factor and sum from lanes 4·query).
+  float fac[2];
+  int32_t qsum[2];
+  bool has_q[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    fac[e] = __shfl_sync(0xffffffffu, factor, 4 * (2 * xc + e));
+    qsum[e] = __shfl_sync(0xffffffffu, sum, 4 * (2 * xc + e));
+    has_q[e] = 2 * xc + e < nq;
+  }
+  // Token offsets are 32-bit (a row holds < 2^30 tokens, launch_planar_mma).
+  const int n = int(rg.n);
+  const uint8_t* codes = codes_rows[row] + rg.c0 * 32;
+  const uint16_t* scales = reinterpret_cast<const uint16_t*>(scale_rows[row]) + rg.c0;
+  float* out0 = scores + (row * p.n_q + q0 + (has_q[0] ? 2 * xc : 0)) * p.out_stride + gr;
+  float* out1 = scores + (row * p.n_q + q0 + (has_q[1] ? 2 * xc + 1 : 0)) * p.out_stride + gr;
+  const int warp = int(threadIdx.x >> 5);
+  const uint32_t ring = uint32_t(__cvta_generic_to_shared(u4_smem)) + uint32_t(warp * 2 * kU4StageBytes);
+  const int step = int(gridDim.x) * (kU4Threads / 32) * kU4Span;
+  // Span w → stage st: lane l copies 16-byte pieces l, l + 32, l + 64, l + 96
+  // (chunk w + piece / 2), zero-filled past the row's end.
+  auto issue = [&](int w, uint32_t st) {
+    const uint32_t dst = ring + st * kU4StageBytes + uint32_t(lane) * 16u;
+    const uint8_t* src = codes + int64_t(w) * 32 + lane * 16;
+    if (w + kU4Span <= n) {
+#pragma unroll
+      for (int i = 0; i < kT; ++i) cp_async16(dst + i * 512, src + i * 512, 16);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kT; ++i) {
+        const bool in = w + 16 * i + (lane >> 1) < n;
+        cp_async16(dst + i * 512, in ? src + i * 512 : codes, in ? 16 : 0);
+      }
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  };
+  // Span w's bf16 scales of this lane's chunks w + 16u + gr (low half of
+  // sc[u]) and w + 16u + 8 + gr (high half); 0 past the row's end.
+  auto load_scales = [&](int w, uint32_t (&sc)[kT]) {
+    const uint16_t* sp = scales + w + gr;
+#pragma unroll
+    for (int u = 0; u < kT; ++u) {
+      const int t = w + 16 * u + gr;
+      sc[u] = (t < n ? uint32_t(__ldg(sp + 16 * u)) : 0u) | (t + 8 < n ? uint32_t(__ldg(sp + 16 * u + 8)) << 16 : 0u);
+    }
+  };
+  float lm[2] = {-INFINITY, -INFINITY}, ls[2] = {0.f, 0.f};  // softmax partials of queries 2xc, 2xc + 1
+  int w0 = (int(blockIdx.x) * (kU4Threads / 32) + warp) * kU4Span;
+  uint32_t sc_next[kT];
+  issue(w0, 0);
+  load_scales(w0, sc_next);
+  const uint32_t code_lane = uint32_t(gr * 32 + 8 * xc);
+  const float out_scale = p.scale;
+  for (uint32_t st = 0; w0 < n; w0 += step, st ^= 1u) {
+    uint32_t sc[kT];
+#pragma unroll
+    for (int u = 0; u < kT; ++u) sc[u] = sc_next[u];
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    __syncwarp();  // the span has landed for every lane; the other stage is read
+    if (w0 + step < n) {
+      issue(w0 + step, st ^ 1u);
+      load_scales(w0 + step, sc_next);
+    }
+    const uint32_t base = ring + st * kU4StageBytes + code_lane;
+    float v[2][2 * kT];  // queries 2xc, 2xc + 1: scores of tokens w0 + 8i + gr
+#pragma unroll
+    for (int u = 0; u < kT; ++u) {
+      uint32_t cx0, cy0, cx1, cy1;  // code words 2xc, 2xc + 1 of tokens w0 + 16u + gr, + 8
+      asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(cx0), "=r"(cy0) : "r"(base + 512 * u));
+      asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(cx1), "=r"(cy1) : "r"(base + 512 * u + 256));
+      int d[4] = {0, 0, 0, 0};
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const uint32_t a[4] = {(cx0 >> (2 * m)) & 0x03030303u, (cx1 >> (2 * m)) & 0x03030303u,
+                               (cy0 >> (2 * m)) & 0x03030303u, (cy1 >> (2 * m)) & 0x03030303u};
+        mma_u8s8(d, a, b[m][0], b[m][1]);
+      }
+      // d[0], d[1]: queries 2xc, 2xc + 1 of token gr; d[2], d[3] of token gr + 8.
+      const float s_lo = __uint_as_float(sc[u] << 16), s_hi = __uint_as_float(sc[u] & 0xffff0000u);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const qdev::UniformQuery uq{0.f, fac[e]};
+        v[e][2 * u] = __fmul_rn(qdev::uniform_group_score(s_lo, uq, d[e], qsum[e], 4), out_scale);
+        v[e][2 * u + 1] = __fmul_rn(qdev::uniform_group_score(s_hi, uq, d[2 + e], qsum[e], 4), out_scale);
+      }
+    }
+    const bool full = w0 + kU4Span <= n;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      if (!has_q[e]) continue;
+      float* op = (e ? out1 : out0) + w0;
+#pragma unroll
+      for (int i = 0; i < 2 * kT; ++i) {
+        if (full || w0 + 8 * i + gr < n) op[8 * i] = v[e][i];
+        else v[e][i] = -INFINITY;
+      }
+      if (gp.part) span_partials(lm[e], ls[e], v[e]);  // one rescale per span
+    }
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");  // nothing in flight at exit
+  if (!gp.part) return;
+  // Lanes xc, xc + 4, .., xc + 28 hold queries 2xc, 2xc + 1's partials.
+  __shared__ float2 red[kU4Threads / 32][kU4MaxQ];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    for (int off = 4; off <= 16; off <<= 1) {
+      const float m2 = __shfl_xor_sync(0xffffffffu, lm[e], off), s2 = __shfl_xor_sync(0xffffffffu, ls[e], off);
+      lse_combine(lm[e], ls[e], m2, s2);
+    }
+    if (gr == 0) red[warp][2 * xc + e] = make_float2(lm[e], ls[e]);
+  }
+  __syncthreads();
+  if (int(threadIdx.x) < nq) {
+    float m = -INFINITY, total = 0.f;
+    for (int w = 0; w < kU4Threads / 32; ++w) lse_combine(m, total, red[w][threadIdx.x].x, red[w][threadIdx.x].y);
+    put_partial(gp, row * p.n_q + q0 + threadIdx.x, m, total);
+  }
+}
+
 __device__ __forceinline__ void unpack16(const uint4& raw, float* v, bool fp8) {
   if (fp8) {
     const uint8_t* b = reinterpret_cast<const uint8_t*>(&raw);
@@ -891,6 +1098,14 @@ void score_rows(const Exec& x, const ScoreRowsParams& p, const float* q, const u
   const int64_t max_bx = std::max<int64_t>(1, 8 * int64_t(n_sm) / n_rows + 1);
   KVT_CHECK(!p.cand || score_rows_reads_candidates(x, p),
             "score_rows: only the mma16 planar scorer reads candidates by id (else gather_candidates)");
+  if (p.layout == IndexRecLayout::planar_higgs2 && p.fmt.spec.uniform_levels) {  // U4: the int8 scorer
+    KVT_CHECK(p.head_dim == 128 && p.fmt.grid && p.fmt.spec.grid_size == 4,
+              "score_rows: the planar U<n> index is U4 at head_dim 128");
+    for (int q0 = 0; q0 < p.n_q; q0 += kU4MaxQ)
+      launch_planar_mma<u4_imma_kernel, kU4Threads, kU4Smem>(x, p, q0, std::min(kU4MaxQ, p.n_q - q0), q, plane0,
+                                                             plane1, ranges, scores, "launch of u4_imma_kernel");
+    return;
+  }
   if (p.layout == IndexRecLayout::planar_higgs2) {
     KVT_CHECK(p.head_dim == 128 && p.fmt.grid, "score_rows: the planar index is 2-bit HIGGS at head_dim 128");
     switch (planar_scorer_resolved(p.planar_scorer)) {

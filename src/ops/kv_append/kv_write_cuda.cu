@@ -241,6 +241,52 @@ __global__ void __launch_bounds__(32 * kPlanarWarps) planar_index_kernel(
   if (lane == 0) reinterpret_cast<__nv_bfloat16*>(scale_rows[r])[tok] = sigma_h;
 }
 
+// The planar index with the U4 grid (4 uniform levels per dim): a warp per
+// (token, KV head) row, rotated as planar_index_kernel; lane l's dims
+// 4l .. 4l + 3 each take the first largest u·c − c²/2 of the 4 levels (the
+// CPU's search) and fill code byte l, dim 4l + i in bits 2i .. 2i + 1.
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) planar_u4_index_kernel(
+    IndexWriteParams p, int64_t n_rows, const __nv_bfloat16* __restrict__ k, const int64_t* __restrict__ pos0,
+    uint8_t* const* __restrict__ codes_rows, uint8_t* const* __restrict__ scale_rows, const float* __restrict__ grid,
+    const float* __restrict__ half_norm2, const float* __restrict__ signs) {
+  const int64_t w = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);  // the row
+  if (w >= n_rows) return;
+  const int lane = threadIdx.x & 31;
+  const int h = int(w % p.n_kv_head);
+  const int64_t ti = w / p.n_kv_head;
+  const int s = int(ti / p.n_new);
+  const int64_t tok = pos0[s] + ti % p.n_new;
+  const __nv_bfloat16* kr = k + ti * p.in_tok_stride + int64_t(h) * 128 + 4 * lane;
+  float x[4];
+  double n2 = 0;
+  for (int i = 0; i < 4; ++i) {
+    x[i] = __bfloat162float(kr[i]);
+    n2 += double(x[i]) * double(x[i]);
+    if (signs) x[i] *= signs[4 * lane + i];
+  }
+  for (int m = 16; m >= 1; m >>= 1) n2 += __shfl_xor_sync(0xffffffffu, n2, m);
+  warp_hadamard128(x, lane);
+  const float inv_sqrt = 0.08838834764831845f;  // 1/√128
+  const __nv_bfloat16 sigma_h = __float2bfloat16_rn(float(sqrt(n2 / 128.0)));
+  const float sigma = __bfloat162float(sigma_h);
+  float lv[4], hn[4];
+  for (int c = 0; c < 4; ++c) lv[c] = grid[c], hn[c] = half_norm2 ? half_norm2[c] : 0.5f * grid[c] * grid[c];
+  uint32_t byte = 0;
+  for (int i = 0; i < 4; ++i) {
+    const float u = sigma > 0 ? x[i] * inv_sqrt / sigma : 0.f;
+    int best = 0;
+    float best_s = -INFINITY;
+    for (int c = 0; c < 4; ++c) {
+      const float sc = __fmaf_rn(u, lv[c], -hn[c]);
+      if (sc > best_s) best_s = sc, best = c;
+    }
+    byte |= uint32_t(best) << (2 * i);
+  }
+  const int64_t r = int64_t(s) * p.n_kv_head + h;
+  codes_rows[r][32 * tok + lane] = uint8_t(byte);
+  if (lane == 0) reinterpret_cast<__nv_bfloat16*>(scale_rows[r])[tok] = sigma_h;
+}
+
 // ---- key index: landmark records of any format and chunk size, residual landmarks
 
 constexpr int kMaxM = 16;  // landmarks per residual unit a thread holds
@@ -436,6 +482,13 @@ void index_write(const Exec& x, const IndexWriteParams& p, const void* k, const 
     const int64_t n = int64_t(p.n_seq) * p.n_new * p.n_kv_head;
     if (n == 0) return;
     KVT_CHECK(n < (int64_t(1) << 31), "index_write: {} rows exceed the grid", n);
+    if (p.fmt.spec.uniform_levels) {
+      KVT_CHECK(p.fmt.spec.grid_size == 4, "index_write: the planar index takes U4, not U{}", p.fmt.spec.grid_size);
+      planar_u4_index_kernel<<<unsigned((n + kWarpsPerBlock - 1) / kWarpsPerBlock), 32 * kWarpsPerBlock, 0, st(x)>>>(
+          p, n, kin, pos0, plane0, plane1, p.fmt.grid, p.fmt.half_norm2, p.fmt.signs);
+      KVT_CUDA_LAUNCH_CHECK("planar_u4_index_kernel");
+      return;
+    }
     planar_index_kernel<<<unsigned(n), 32 * kPlanarWarps, 0, st(x)>>>(p, kin, pos0, plane0, plane1, p.fmt.grid,
                                                                       p.fmt.half_norm2, p.fmt.signs);
     KVT_CUDA_LAUNCH_CHECK("planar_index_kernel");

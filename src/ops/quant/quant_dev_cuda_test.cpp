@@ -75,7 +75,7 @@ class GpuRunner : public Runner {
         r.grid = custom_.back().data<float>();
       } else {
         auto key = std::make_pair(s.grid_dim, s.grid_size);
-        const HiggsGrid& hg = higgs_grid(s.grid_dim, s.grid_size);
+        const HiggsGrid& hg = higgs_grid_of(s);
         if (!grids_.count(key)) grids_.emplace(key, to_device(hg.points));
         r.grid = grids_.at(key).data<float>();
         if (!hg.cells.empty()) {  // d = 2: the search by cells
