@@ -38,6 +38,8 @@ KvPlan plan_kv(const PolicyConfig& p, const KvGeometry& g, DeviceKind device) {
   const int D = g.head_dim, H = g.n_kv_head, group = g.n_head / g.n_kv_head;
   if (gpu)
     KVT_CHECK(D == 64 || D == 128 || D == 256, "--device cuda: head_dim {} is not supported (64, 128 or 256)", D);
+  KVT_CHECK(!p.kv.uniform_levels, "kv policy: kv={} stores K/V on a U<n> grid, which is for the key index (lm=); "
+            "use a HIGGS grid such as kv=higgs4", to_string(p.kv));
   KvPlan k;
   k.policy = p;
   k.geometry = g;

@@ -172,7 +172,8 @@ TEST(Policy, ErrorsNameTheKeyAndTheValidValues) {
     EXPECT_NE(std::string(e.what()).find("cache=step"), std::string::npos) << e.what();
   }
   // U<n> grids score each landmark in integers: not as a residual's parts.
-  for (const char* bad : {"yakv,lm=residual,meta=higgs:U4,res=1bit", "yakv,lm=residual,meta=higgs4,res=higgs:U4"}) {
+  for (const char* bad : {"yakv,lm=residual,meta=higgs:U4,res=1bit", "yakv,lm=residual,meta=higgs4,res=higgs:U4",
+                          "yakv,kv=higgs:U4:g128", "full,kv=higgs:U16"}) {
     try {
       plan_kv(parse_policy(bad), KvGeometry{32, 32, 8, 128}, DeviceKind::cpu);
       ADD_FAILURE() << bad << " was planned";

@@ -74,7 +74,7 @@ class GpuRunner : public Runner {
         custom_.push_back(to_device(*grid));
         r.grid = custom_.back().data<float>();
       } else {
-        auto key = std::make_pair(s.grid_dim, s.grid_size);
+        auto key = std::make_pair(s.uniform_levels ? -s.grid_dim : s.grid_dim, s.grid_size);  // U<n> apart from EDEN1-n
         const HiggsGrid& hg = higgs_grid_of(s);
         if (!grids_.count(key)) grids_.emplace(key, to_device(hg.points));
         r.grid = grids_.at(key).data<float>();
