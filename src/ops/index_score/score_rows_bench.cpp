@@ -7,14 +7,14 @@
 // max(1, SMs / rows), the rule before it) and each scorer
 // (ScoreRowsParams::planar_scorer: the table layouts xor and rotated, the
 // tensor-core mma and mma16, whose "auto" blocks their launches pick by
-// their occupancy):
+// their occupancy; and "u4", the U4 index's int8 tensor-core scorer):
 // the median and minimum of CUDA-event
 // timings with the L2 flushed before each (a step's 32 layers read 32
 // different indexes), µs per sequence, and the codes' read rate. Speed
 // belongs here, not in the tests; index_rows_cuda_test checks the scores.
 //
 // usage: kvt_score_bench [--tokens 131072] [--batch 1,6,12,20] [--blocks auto,wave,4]
-//            [--table xor,rotated,mma,mma16] [--reps 20] [--json out.json]
+//            [--table xor,rotated,mma,mma16,u4] [--reps 20] [--json out.json]
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -46,6 +46,7 @@ struct Options {
   std::vector<int> batch = {1, 6, 12, 20};
   std::vector<int> blocks = {0, -1};  // 0: auto, -1: one wave
   std::vector<PlanarScorer> scorers = {PlanarScorer::mma};  // the scorers timed
+  std::vector<bool> u4 = {false};                           // per scorer: the U4 index instead
   int reps = 20;
   std::string json_path;
 };
@@ -63,7 +64,11 @@ Options parse(int argc, char** argv) {
       for (auto& x : split_list(val)) o.blocks.push_back(x == "auto" ? 0 : x == "wave" ? -1 : std::stoi(x));
     } else if (a == "--table") {
       o.scorers.clear();
-      for (auto& x : split_list(val)) o.scorers.push_back(planar_scorer_from_name(x));
+      o.u4.clear();
+      for (auto& x : split_list(val)) {
+        o.u4.push_back(x == "u4");
+        o.scorers.push_back(x == "u4" ? PlanarScorer::automatic : planar_scorer_from_name(x));
+      }
     } else if (a == "--reps") {
       o.reps = std::stoi(val);
     } else if (a == "--json") {
@@ -112,10 +117,12 @@ int run(const Options& o) {
   Buffer d_p0 = dev.alloc(p0.size() * sizeof(void*)), d_p1 = dev.alloc(p1.size() * sizeof(void*));
   copy(x, d_p0.data(), p0.data(), p0.size() * sizeof(void*));
   copy(x, d_p1.data(), p1.data(), p1.size() * sizeof(void*));
-  const QuantSpec fmt = parse_quant_spec("higgs2:g128");
+  const QuantSpec fmt = parse_quant_spec("higgs2:g128"), fmt_u4 = parse_quant_spec("higgs:U4:g128");
   const auto& pts = higgs_grid_of(fmt).points;
-  Buffer grid = dev.alloc(pts.size() * 4);
+  const auto& pts_u4 = higgs_grid_of(fmt_u4).points;
+  Buffer grid = dev.alloc(pts.size() * 4), grid_u4 = dev.alloc(pts_u4.size() * 4);
   copy(x, grid.data(), pts.data(), pts.size() * 4);
+  copy(x, grid_u4.data(), pts_u4.data(), pts_u4.size() * 4);
   std::vector<float> q_h(size_t(max_rows * kNq * kHd));
   for (auto& v : q_h) v = std::normal_distribution<float>(0.f, 1.f)(rng);
   Buffer q = dev.alloc(q_h.size() * 4);
@@ -140,22 +147,24 @@ int run(const Options& o) {
   js["tokens"] = n;
   for (int b : o.batch) {
     for (int bpr : o.blocks) {
-      for (PlanarScorer sc : o.scorers) {
+      for (size_t si = 0; si < o.scorers.size(); ++si) {
+        const PlanarScorer sc = o.scorers[si];
+        const bool u4 = o.u4[si];
         ScoreRowsParams p;
         p.n_seq = b;
         p.n_kv_head = kKvHeads;
         p.head_dim = kHd;
         p.n_q = kNq;
         p.layout = IndexRecLayout::planar_higgs2;
-        p.fmt = RecordFormat{fmt, kHd, kCodeBytes + 2};
-        p.fmt.grid = grid.data<float>();
+        p.fmt = RecordFormat{u4 ? fmt_u4 : fmt, kHd, kCodeBytes + 2};
+        p.fmt.grid = (u4 ? grid_u4 : grid).data<float>();
         p.candidates_only = true;
         p.scale = 1.f / std::sqrt(float(kHd));
         p.out_stride = n;
         p.gqa_scratch = gqa.data();
         const int64_t rows = int64_t(b) * kKvHeads;
         const int n_sm = device_info().n_sm;
-        const bool mma = sc == PlanarScorer::mma || sc == PlanarScorer::mma16;
+        const bool mma = u4 || sc == PlanarScorer::mma || sc == PlanarScorer::mma16;
         const int chosen = bpr > 0   ? bpr
                            : bpr < 0 ? int(std::max<int64_t>(1, n_sm / rows))
                            : mma     ? 0
@@ -174,12 +183,12 @@ int run(const Options& o) {
         const double gbs = double(rows) * double(sr.c_hi - sr.c_lo) * (kCodeBytes + 2) / (med * 1e-6) / 1e9;
         fmt::print("{:>5} {:>6} {:>7} {:>8} {:>10.1f} {:>10.1f} {:>10.1f} {:>9.0f}\n", b, rows,
                    chosen == 0 ? std::string("auto") : fmt::format("{}{}", chosen, bpr == 0 ? "*" : bpr < 0 ? "w" : ""),
-                   planar_scorer_name(sc), med, t[0],
+                   u4 ? "u4" : planar_scorer_name(sc), med, t[0],
                    med / b, gbs);
         std::fflush(stdout);
         js["rows"].push_back({{"batch", b}, {"rows", rows}, {"blocks_per_row", chosen},
                               {"setting", bpr == 0 ? "auto" : bpr < 0 ? "wave" : "forced"},
-                              {"table", planar_scorer_name(sc)},
+                              {"table", u4 ? "u4" : planar_scorer_name(sc)},
                               {"median_us", med}, {"min_us", t[0]}, {"us_per_seq", med / b}, {"gb_per_s", gbs},
                               {"times_us", t}});
       }
