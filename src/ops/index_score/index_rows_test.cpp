@@ -27,7 +27,7 @@ TEST(ScoreRowsCpu, BlocksOfALongRowScoreAsTheWholeRow) {
   const int64_t n = 5000;  // several blocks of ≥ 1024 chunks per row
   std::mt19937 rng(5);
   std::normal_distribution<float> nd;
-  for (const char* text : {"higgs2:g64", "int4:g32"}) {
+  for (const char* text : {"higgs2:g64", "int4:g32", "higgs:U4:g64"}) {
     for (int n_q : {1, 3}) {
       SCOPED_TRACE(std::string(text) + " n_q " + std::to_string(n_q));
       RecordFormat f;
@@ -346,6 +346,24 @@ TEST(ScoreRowsTable, PlanarScorerNamesRoundTripAndUnknownOnesFail) {
 
 // Which records CUDA's byte-table scorer takes, and how many queries its
 // table holds per pass (the dispatch of score_rows rests on these).
+// ScoreRowsParams::cand (records read by token id) is the GPU scorer's;
+// the CPU is given gather_candidates' copies and refuses ids.
+TEST(ScoreRowsCpu, RefusesCandidateIds) {
+  ScoreRowsParams p;
+  p.n_seq = 1, p.n_kv_head = 1, p.head_dim = 64, p.out_stride = 8;
+  p.fmt.spec = parse_quant_spec("int4:g32");
+  p.fmt.dim = 64;
+  p.fmt.bytes = int64_t(bytes_per_vector(p.fmt.spec, 64));
+  const int32_t ids[1] = {0};
+  const int32_t* rows[1] = {ids};
+  p.cand = rows;
+  StepRanges r;
+  std::vector<float> q(64), out(8);
+  std::vector<uint8_t> rec(size_t(p.fmt.bytes));
+  const uint8_t* p0[1] = {rec.data()};
+  EXPECT_THROW(score_rows_cpu(p, q.data(), p0, nullptr, &r, out.data()), Error);
+}
+
 TEST(ScoreRowsTable, TakesFormatsWhoseCodesFillBytes) {
   struct Case {
     const char* spec;
@@ -358,7 +376,9 @@ TEST(ScoreRowsTable, TakesFormatsWhoseCodesFillBytes) {
                         // codes that straddle bytes, records over 160 bytes, dense formats: not taken
                         Case{"higgs3", 128, 0}, Case{"int3:g16", 128, 0}, Case{"int4:g4", 128, 0},
                         Case{"int8", 256, 0}, Case{"bf16", 128, 0}, Case{"fp8", 128, 0}, Case{"nvfp4", 128, 0},
-                        Case{"higgs:EDEN2-64:g128", 128, 0}, Case{"int2:g3", 96, 0}}) {
+                        Case{"higgs:EDEN2-64:g128", 128, 0}, Case{"int2:g3", 96, 0},
+                        // U<n> grids score in integers, not through f32 tables
+                        Case{"higgs:U4:g128", 128, 0}, Case{"higgs:U16:g32", 128, 0}}) {
     SCOPED_TRACE(std::string(c.spec) + " dim " + std::to_string(c.dim));
     EXPECT_EQ(lut_queries_per_pass(parse_quant_spec(c.spec), c.dim), c.nq);
   }
