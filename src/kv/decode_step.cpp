@@ -75,17 +75,21 @@ void decode_step(DecodeBatch& b, int layer, const void* q, float scale, void* ou
     plane0 = planes;
     plane1 = planes + n_rows;
   }
-  score_rows(x, sp, b.qidx_.data<float>(), plane0, plane1, picks, b.scores_.data<float>());
   const GqaRowsParams gp{n_seq, H, group, b.score_stride_, b.score_stride_, b.gqa_scratch_.data(), fused,
                          b.topk_scratch_.data()};
-  // Without outliers to mask, the aggregation happens inside the top-k (select).
-  if (per_query && forced) gqa_rows(x, gp, b.scores_.data<float>(), picks, cand);
-
-  // 2. Select: outlier chunks out of the race, the top-k chunks, their tokens.
-  stage(x, "select");
   if (per_query && !forced) {
-    gqa_topk_rows(x, gp, b.scores_.data<float>(), picks, b.kmax_chunk_, cand, b.chunks_.data<int32_t>());
+    // 2. Without outliers to mask, the aggregation happens inside the
+    //    top-k; scoring and selection are one op (gqa_score_topk_rows: on
+    //    CUDA, with $KVT_GQA_TOPK=fused, the scoring keeps only the
+    //    candidates that may make the top-k).
+    gqa_score_topk_rows(x, sp, gp, b.qidx_.data<float>(), plane0, plane1, picks, b.kmax_chunk_,
+                        b.scores_.data<float>(), cand, b.chunks_.data<int32_t>());
+    stage(x, "select");
   } else {
+    score_rows(x, sp, b.qidx_.data<float>(), plane0, plane1, picks, b.scores_.data<float>());
+    if (per_query) gqa_rows(x, gp, b.scores_.data<float>(), picks, cand);
+    // 2. Select: outlier chunks out of the race, the top-k chunks.
+    stage(x, "select");
     if (forced) mask_rows(x, n_rows, H, b.score_stride_, b.n_out_, forced, picks, cand);
     topk_rows(x, n_rows, H, b.score_stride_, b.kmax_chunk_, cand, picks, b.chunks_.data<int32_t>());
   }

@@ -213,6 +213,16 @@ void gqa_topk_rows(const Exec& x, const GqaRowsParams& p, const float* raw, cons
   topk_rows_cpu(int64_t(p.n_seq) * p.n_kv_head, p.n_kv_head, p.out_stride, kmax, agg, ranges, out);
 }
 
+void gqa_score_topk_rows(const Exec& x, const ScoreRowsParams& sp, const GqaRowsParams& gp, const float* q,
+                         const uint8_t* const* plane0, const uint8_t* const* plane1, const StepRanges* ranges,
+                         int kmax, float* scores, float* agg, int32_t* out) {
+#ifdef KVT_CUDA
+  if (x.cuda()) return cuda::gqa_score_topk_rows(x, sp, gp, q, plane0, plane1, ranges, kmax, scores, out);
+#endif
+  score_rows(x, sp, q, plane0, plane1, ranges, scores);
+  gqa_topk_rows(x, gp, scores, ranges, kmax, agg, out);
+}
+
 void expand_rows(const Exec& x, const ExpandRowsParams& p, const int32_t* chunks, const int32_t* forced, const StepRanges* ranges, int32_t* tokens) {
 #ifdef KVT_CUDA
   if (x.cuda()) return cuda::expand_rows(x, p, chunks, forced, ranges, tokens);

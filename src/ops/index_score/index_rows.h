@@ -69,6 +69,25 @@ void index_query_rows(const Exec& x, const IndexQueryParams& p, const void* q, f
 void index_query_rows_cpu(const IndexQueryParams& p, const float* q, float* out);
 
 enum class PlanarScorer { automatic, xor_table, rotated_table, mma, mma16 };
+
+// CUDA, gqa_score_topk_rows' scoring passes (set by it; off elsewhere): per
+// row a path (mode) and per query a threshold θ. Pass 1: a row of mode 1
+// writes no scores; each of its blocks appends the candidates some query
+// scores ≥ θ on (chunk id and the n_q scores) to its own region of the
+// row's list (kTopkKeepSlots / blocks slots; count may pass that: the
+// slots past it are not written); other rows write every score. Pass 2:
+// only rows of mode 4 run, writing every score.
+constexpr int kTopkKeepSlots = 32768;    // a row's kept list
+constexpr int kTopkKeepMaxBlocks = 256;  // scorer blocks per row at most
+struct TopkKeep {
+  int pass = 0;                   // 0: off
+  const int32_t* mode = nullptr;  // [rows]
+  const float* theta = nullptr;   // [rows, n_q]
+  uint32_t* count = nullptr;      // [rows, kTopkKeepMaxBlocks]: kept per block
+  int32_t* nblk = nullptr;        // [rows]: blocks per row
+  int32_t* ids = nullptr;         // [rows, kTopkKeepSlots] chunk ids
+  float* kept = nullptr;          // [rows, n_q, kTopkKeepSlots] their scores
+};
 PlanarScorer planar_scorer_from_name(std::string_view name);  // xor, rotated, mma, mma16; else fails
 const char* planar_scorer_name(PlanarScorer s);
 // automatic → $KVT_PLANAR_SCORER if set, else the default; others unchanged.
@@ -114,6 +133,7 @@ struct ScoreRowsParams {
   // candidate i's record at token cand[r][i] of plane0/plane1 in place, as
   // if gather_candidates had copied it; fresh rows are scored as without it.
   const int32_t* const* cand = nullptr;
+  TopkKeep keep;
 };
 constexpr int64_t residual_meta_stride(int64_t out_stride, int m) { return out_stride / (m > 0 ? m : 1) + 2; }
 // q: [rows, n_q, head_dim] f32 (index_query_rows); plane0/plane1 as index_write;
@@ -187,6 +207,12 @@ struct GqaRowsParams {
   // device memory lets long rows take the sampled-threshold path (see
   // there); null: every row takes the cluster top-k.
   void* topk_scratch = nullptr;
+  // gqa_score_topk_rows: 1 fuse where it can, 0 never, −1 as
+  // $KVT_GQA_TOPK says ("fused": fuse; unset: not yet, it is not faster).
+  int fuse = -1;
+  // Tests of gqa_score_topk_rows: added to query 0's keep threshold, to
+  // drive rows onto its fallbacks.
+  float keep_test_bias = 0.f;
 };
 int64_t gqa_rows_scratch_bytes(int64_t n_rows, int n_q);
 // The sampled-threshold top-k's filter: candidates per block, and kept
@@ -223,6 +249,24 @@ void topk_rows_cpu(int64_t n_rows, int n_kv_head, int64_t stride, int kmax, cons
 // The picks are the same either way.
 void gqa_topk_rows(const Exec& x, const GqaRowsParams& p, const float* raw, const StepRanges* ranges, int kmax,
                    float* agg, int32_t* out);
+
+// score_rows (sp, per-query scores over [0, n_chunk), its softmax partials
+// in gp.scratch), then gqa_topk_rows: the same picks. On CUDA, where
+// fusing is on (gp.fuse), the planar index is scored on the tensor cores
+// (mma16, U4) in one launch per row (n_q ≤ 4) and gp.topk_scratch is
+// given, a long row's scores
+// are never written: a sample of the row sets per-query thresholds θ_j =
+// T̂ + ℓ̂_j (ℓ̂_j its estimate of query j's log-sum-exp, T̂ a level about 2k
+// of the sampled aggregates reach), the scorer keeps the candidates some
+// query reaches θ_j on, and the exact top-k runs over those. It is exact
+// when its k-th aggregate A_k exceeds every θ_j − ℓ_j: a candidate left
+// out has all s_j < θ_j, so its aggregate max_j (s_j − ℓ_j) < A_k. A row
+// that fails the check (or kept too few or too many) is scored again in
+// full and takes the cluster top-k. scores: [rows, n_q, stride] (what
+// score_rows writes; a fused row's stay unwritten); agg as gqa_topk_rows.
+void gqa_score_topk_rows(const Exec& x, const ScoreRowsParams& sp, const GqaRowsParams& gp, const float* q,
+                         const uint8_t* const* plane0, const uint8_t* const* plane1, const StepRanges* ranges,
+                         int kmax, float* scores, float* agg, int32_t* out);
 
 // chunks [rows, kmax] (topk_rows) → tokens [rows, kmax·chunk], ascending, −1
 // first; a token is dropped when t < sink, t ≥ win_lo, or its chunk is forced.

@@ -293,7 +293,11 @@ int64_t gqa_rows_scratch_bytes(int64_t n_rows, int n_q) { return n_rows * n_q * 
 int64_t gqa_topk_scratch_bytes(int64_t n_rows, int n_q, int64_t stride) {
   const int64_t nb = (stride + kTopkFilterTile - 1) / kTopkFilterTile;
   const int64_t head = n_rows * (2 + n_q) + n_rows * nb;  // thresholds, modes, log-sum-exps; counts (4 B each)
-  return ((head * 4 + 15) & ~int64_t(15)) + n_rows * nb * kTopkFilterCap * 8;
+  const int64_t sampled = ((head * 4 + 15) & ~int64_t(15)) + n_rows * nb * kTopkFilterCap * 8;
+  // gqa_score_topk_rows: modes, block counts, thresholds, per-block counts; ids and scores of the kept.
+  const int64_t fused = ((n_rows * (3 + n_q + kTopkKeepMaxBlocks) * 4 + 15) & ~int64_t(15)) +
+                        n_rows * int64_t(kTopkKeepSlots) * 4 * (1 + n_q);
+  return std::max(sampled, fused);
 }
 
 void mask_rows_cpu(int64_t n_rows, int n_kv_head, int64_t stride, int n_forced, const int32_t* forced,

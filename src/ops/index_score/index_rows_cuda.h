@@ -27,10 +27,17 @@ void topk_rows(const Exec& x, int64_t n_rows, int n_kv_head, int64_t stride, int
                const StepRanges* ranges, int32_t* out);
 void gqa_topk_rows(const Exec& x, const GqaRowsParams& p, const float* raw, const StepRanges* ranges, int kmax,
                    int32_t* out);
-// Which path each row of the last gqa_topk_rows with this topk_scratch
-// took: 0 the cluster top-k, 1 the sampled filter and then the cluster
-// top-k (the filter kept too few or too many), 2 the sampled path alone
-// (or, a row of at most 16,384 candidates, its last kernel over all of them).
+void gqa_score_topk_rows(const Exec& x, const ScoreRowsParams& sp, const GqaRowsParams& gp, const float* q,
+                         const uint8_t* const* plane0, const uint8_t* const* plane1, const StepRanges* ranges,
+                         int kmax, float* scores, int32_t* out);
+// Whether gqa_score_topk_rows with these parameters takes its fused path.
+bool gqa_score_topk_fuses(const ScoreRowsParams& sp, const GqaRowsParams& gp);
+// Which path each row of the last gqa_topk_rows (or gqa_score_topk_rows)
+// with this topk_scratch took: 0 the cluster top-k, 1 the sampled filter
+// and then the cluster top-k (the filter kept too few or too many), 2 the
+// sampled or fused path alone (or, a row of at most 16,384 candidates, its
+// last kernel over all of them), 4 the fused path's fallback (scored again
+// in full, then the cluster top-k).
 std::vector<int32_t> gqa_topk_row_paths(const Exec& x, const void* topk_scratch, int64_t n_rows);
 void expand_rows(const Exec& x, const ExpandRowsParams& p, const int32_t* chunks, const int32_t* forced,
                  const StepRanges* ranges, int32_t* tokens);

@@ -890,6 +890,167 @@ TEST(IndexRowsCuda, GqaTopkClustersPassOverMoreRowsThanFit) {
   EXPECT_EQ(left, 60);
 }
 
+// gqa_score_topk_rows' fused path (the scorer keeps only candidates some
+// query scores at or above its threshold) picks exactly what score_rows
+// then the cluster top-k pick, on the mma16 (higgs2) and U4 planar
+// scorers: rows that fuse (≥ 8,192 candidates), a short one that does not,
+// queries of spread and of peaked scores; 3k copies of one strong token in a
+// row, whose ties at A_k go to the lower chunks (the kept kernel's second
+// select); and the fallbacks, driven by moving query 0's threshold: far
+// up (query 0 keeps nothing: the check A_k > θ_0 − ℓ_0 fails or too few are
+// kept) and far down (query 0 keeps every candidate: more than the list
+// holds). Each fallback row is scored again and still picks exactly.
+TEST(IndexRowsCuda, GqaScoreTopkFusedMatchesScoreThenTopk) {
+  KVT_REQUIRE_GPU();
+  Device dev(DeviceKind::cuda);
+  const Exec& x = dev.exec();
+  std::mt19937 rng(29);
+  std::normal_distribution<float> nd;
+  const int H = 2, n_q = 4, D = 128, kmax = 1024;
+  const std::vector<int64_t> n{20000, 5000, 30000};
+  const std::vector<int32_t> budget{625, 625, 1000};
+  const int n_seq = int(n.size());
+  const int64_t rows = int64_t(n_seq) * H, stride = 30000;
+  StepPlanParams spp{n_seq, 1, 1, 4, 64, 64, kmax};
+  cuda::DeviceBuffer d_ranges;
+  const auto ranges = ranges_for(spp, n, budget, x, &d_ranges);
+  for (const bool u4 : {false, true}) {
+    const QuantSpec fmt = parse_quant_spec(u4 ? "higgs:U4:g128" : "higgs2:g128");
+    const std::vector<float> grid_pts = higgs_grid_of(fmt).points;
+    auto d_grid = to_device(grid_pts);
+    for (const float qscale : {1.f, 4.f}) {
+      // Queries as the CPU takes them and rotated (the planar kernels take
+      // them so); row 0's four are one, so that its strong token leads
+      // every query's softmax.
+      std::vector<float> q_raw(size_t(rows) * n_q * D);
+      for (float& v : q_raw) v = qscale * nd(rng);
+      for (int j = 1; j < n_q; ++j) std::copy_n(q_raw.begin(), D, q_raw.begin() + j * D);
+      std::vector<float> q = q_raw;
+      for (size_t i = 0; i < q.size(); i += D) hadamard_transform(q.data() + i, D);
+      // Row 0's strong token: per group the code closest to query 0's direction.
+      std::vector<uint8_t> hot(32);
+      for (int g = 0; g < 32; ++g) {
+        const float* qg = q.data() + 4 * g;
+        if (u4) {
+          uint8_t b = 0;
+          for (int j = 0; j < 4; ++j) b |= uint8_t((qg[j] > 0 ? 3 : 0) << (2 * j));
+          hot[size_t(g)] = b;
+        } else {
+          int best = 0;
+          float bv = -INFINITY;
+          for (int c = 0; c < 256; ++c) {
+            float d = 0;
+            for (int j = 0; j < 4; ++j) d += qg[j] * grid_pts[size_t(c) * 4 + size_t(j)];
+            if (d > bv) bv = d, best = c;
+          }
+          hot[size_t(g)] = uint8_t(best);
+        }
+      }
+      Rows p0, p1;
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t cnt = n[size_t(r / H)];
+        std::vector<uint8_t> codes(size_t(cnt) * 32 + 64), scales(size_t(cnt) * 2);
+        for (int64_t t = 0; t < cnt * 32; ++t) codes[size_t(t)] = uint8_t(rng());
+        for (int64_t t = 0; t < cnt; ++t) {
+          const uint16_t b = uint16_t(0x3e80 + rng() % 0x180);  // bf16 in [0.25, 2)
+          std::memcpy(scales.data() + t * 2, &b, 2);
+        }
+        if (r == 0)  // 3k copies of the strong token among the candidates
+          for (int64_t i = 0; i < 3 * budget[0]; ++i) {
+            const int64_t t = 100 + i * 6;
+            std::copy(hot.begin(), hot.end(), codes.begin() + t * 32);
+            const uint16_t b = 0x4000;  // 2.0
+            std::memcpy(scales.data() + t * 2, &b, 2);
+          }
+        p0.host.push_back(codes);
+        p1.host.push_back(scales);
+      }
+      p0.finish();
+      p1.finish();
+      auto d_q = to_device(q);
+      ScoreRowsParams sp;
+      sp.n_seq = n_seq;
+      sp.n_kv_head = H;
+      sp.head_dim = D;
+      sp.n_q = n_q;
+      sp.layout = IndexRecLayout::planar_higgs2;
+      sp.fmt = RecordFormat{fmt, D, int64_t(bytes_per_vector(fmt, D))};
+      sp.fmt.grid = d_grid.data<float>();
+      sp.planar_scorer = PlanarScorer::mma16;
+      sp.scale = 0.0884f;
+      sp.out_stride = stride;
+      cuda::DeviceBuffer d_gs(size_t(gqa_rows_scratch_bytes(rows, n_q)));
+      sp.gqa_scratch = d_gs.data();
+      GqaRowsParams gp{n_seq, H, n_q, stride, stride, d_gs.data(), true, nullptr};
+      cuda::DeviceBuffer d_scores(size_t(rows) * n_q * stride * 4), d_want(size_t(rows) * kmax * 4);
+      score_rows(x, sp, d_q.data<float>(), p0.d(), p1.d(), d_ranges.data<StepRanges>(), d_scores.data<float>());
+      gqa_topk_rows(x, gp, d_scores.data<float>(), d_ranges.data<StepRanges>(), kmax, nullptr,
+                    d_want.data<int32_t>());
+      sync(x);
+      const auto want = to_host<int32_t>(d_want, size_t(rows) * kmax);
+      if (u4 && qscale == 1.f) {  // the U4 scores are the CPU's: so are the picks
+        std::vector<float> cpu_scores(size_t(rows) * n_q * stride);
+        std::vector<int32_t> cpu_top(size_t(rows) * kmax);
+        std::vector<float> agg(size_t(rows) * stride);
+        ScoreRowsParams pc = sp;
+        pc.layout = IndexRecLayout::records;
+        pc.gqa_scratch = nullptr;
+        pc.fmt.grid = nullptr;
+        std::vector<std::vector<uint8_t>> aos(static_cast<size_t>(rows));
+        std::vector<const uint8_t*> recs(static_cast<size_t>(rows));
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t cnt = n[size_t(r / H)];
+          aos[size_t(r)].resize(size_t(cnt) * 34);
+          for (int64_t t = 0; t < cnt; ++t) {
+            std::copy_n(p0.host[size_t(r)].data() + t * 32, 32, aos[size_t(r)].data() + t * 34);
+            std::copy_n(p1.host[size_t(r)].data() + t * 2, 2, aos[size_t(r)].data() + t * 34 + 32);
+          }
+          recs[size_t(r)] = aos[size_t(r)].data();
+        }
+        score_rows_cpu(pc, q_raw.data(), recs.data(), recs.data(), ranges.data(), cpu_scores.data());
+        GqaRowsParams gc{n_seq, H, n_q, stride, stride};
+        gqa_rows_cpu(gc, cpu_scores.data(), ranges.data(), agg.data());
+        topk_rows_cpu(rows, H, stride, kmax, agg.data(), ranges.data(), cpu_top.data());
+        EXPECT_EQ(cpu_top, want) << "U4 on the CPU";
+      }
+      // Row 0's picks: the lowest k copies of the strong token.
+      for (int64_t i = 0; i < budget[0]; ++i)
+        ASSERT_EQ(want[size_t(kmax - budget[0] + i)], 100 + i * 6) << "u4 " << u4 << " strong copy " << i;
+      cuda::DeviceBuffer d_ts(size_t(gqa_topk_scratch_bytes(rows, n_q, stride)));
+      GqaRowsParams probe{n_seq, H, n_q, stride, stride, d_gs.data(), true, d_ts.data()};
+      probe.fuse = 0;
+      EXPECT_FALSE(cuda::gqa_score_topk_fuses(sp, probe));
+      probe.fuse = 1;
+      ASSERT_TRUE(cuda::gqa_score_topk_fuses(sp, probe));
+      for (const float bias : {0.f, 1e4f, -1e4f}) {
+        gp.topk_scratch = d_ts.data();
+        gp.fuse = 1;
+        gp.keep_test_bias = bias;
+        poison(d_ts);
+        cuda::DeviceBuffer d_got(size_t(rows) * kmax * 4);
+        poison(d_got);
+        gqa_score_topk_rows(x, sp, gp, d_q.data<float>(), p0.d(), p1.d(), d_ranges.data<StepRanges>(), kmax,
+                            d_scores.data<float>(), nullptr, d_got.data<int32_t>());
+        sync(x);
+        const auto got = to_host<int32_t>(d_got, want.size());
+        const auto paths = cuda::gqa_topk_row_paths(x, d_ts.data(), rows);
+        for (int64_t r = 0; r < rows; ++r) {
+          EXPECT_TRUE(std::equal(got.begin() + r * kmax, got.begin() + (r + 1) * kmax, want.begin() + r * kmax))
+              << "u4 " << u4 << " qscale " << qscale << " bias " << bias << " row " << r;
+          const bool short_row = r / H == 1;
+          const int want_path = short_row ? 0 : bias != 0.f ? 4 : 2;
+          // Peaked queries may send a row to the fallback; spread ones fuse.
+          if (want_path != 2 || qscale == 1.f)
+            EXPECT_EQ(paths[size_t(r)], want_path) << "u4 " << u4 << " qscale " << qscale << " bias " << bias
+                                                  << " row " << r;
+          else
+            EXPECT_TRUE(paths[size_t(r)] == 2 || paths[size_t(r)] == 4) << "row " << r;
+        }
+      }
+    }
+  }
+}
+
 TEST(IndexRowsCuda, IndexQueryMatchesCpu) {
   KVT_REQUIRE_GPU();
   Device dev(DeviceKind::cuda);

@@ -453,6 +453,78 @@ __global__ void __launch_bounds__(kMmaThreads, 2) higgs2_mma_kernel(ScoreRowsPar
 // throughput; each token reads 256 bytes of grid points from shared memory
 // against 34 bytes of codes and scale from HBM); this one takes 0.89× the
 // time (bench/results/gpu/batch/README.md, run12).
+// TopkKeep pass 1 (gqa_score_topk_rows), a span's epilogue: lane (gr, x)
+// holds NQL queries' scores v[e][i] of token w0 + 8i + gr (−inf past the
+// row), the lanes of the same gr the token's other queries. A candidate
+// (c_lo ≤ chunk < c_hi) that some query scores ≥ its θ (th, +inf for no
+// query) is appended to the block's region of the row's kept list: its
+// chunk id and every query's score, at slots a shared-memory counter
+// (*s_kept) hands out a span at a time.
+struct KeepRegion {
+  int32_t* ids;    // the block's region: ids[i], scores kept[q · kTopkKeepSlots + i]
+  float* kept;
+  uint32_t cap;    // its slots
+};
+__device__ __forceinline__ KeepRegion keep_region(const TopkKeep& k, int64_t row, int n_q) {
+  const uint32_t cap = uint32_t(kTopkKeepSlots) / gridDim.x;
+  const int64_t at = int64_t(blockIdx.x) * cap;
+  return {k.ids + row * kTopkKeepSlots + at, k.kept + row * n_q * kTopkKeepSlots + at, cap};
+}
+template <int NQL>
+__device__ __forceinline__ void keep_span(const TopkKeep& k, int64_t row, int n_q, uint32_t* s_kept, int64_t c0,
+                                          int w0, const StepRanges* sr, const float (&v)[NQL][8],
+                                          const int (&qi)[NQL], const float (&th)[NQL], int lane) {
+  const int gr = lane >> 2;
+  const int64_t c_lo = sr->c_lo, c_hi = sr->c_hi;  // read here, not held in registers across the spans
+  uint32_t m = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int64_t c = c0 + w0 + 8 * i + gr;
+    bool reach = false;
+#pragma unroll
+    for (int e = 0; e < NQL; ++e) reach |= v[e][i] >= th[e];
+    if (reach && c >= c_lo && c < c_hi) m |= 1u << i;
+  }
+  m |= __shfl_xor_sync(0xffffffffu, m, 1);  // any query of the token
+  m |= __shfl_xor_sync(0xffffffffu, m, 2);
+  const uint32_t cnt = (lane & 3) == 0 ? uint32_t(__popc(m)) : 0u;
+  uint32_t incl = cnt;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const uint32_t u = __shfl_up_sync(0xffffffffu, incl, off);
+    if (lane >= off) incl += u;
+  }
+  const uint32_t total = __shfl_sync(0xffffffffu, incl, 31);
+  if (total == 0) return;
+  uint32_t base = lane == 0 ? atomicAdd(s_kept, total) : 0u;
+  base = __shfl_sync(0xffffffffu, base, 0) + __shfl_sync(0xffffffffu, incl - cnt, lane & ~3);
+  const KeepRegion kr = keep_region(k, row, n_q);  // here, not held in registers across the spans
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    if (!(m >> i & 1u)) continue;
+    const uint32_t slot = base + uint32_t(__popc(m & ((1u << i) - 1u)));
+    if (slot >= kr.cap) continue;
+    if ((lane & 3) == 0) kr.ids[slot] = int32_t(c0 + w0 + 8 * i + gr);
+#pragma unroll
+    for (int e = 0; e < NQL; ++e)
+      if (qi[e] >= 0) kr.kept[int64_t(qi[e]) * kTopkKeepSlots + slot] = v[e][i];
+  }
+}
+// A keeping block's count, after its last span (every thread calls it).
+__device__ __forceinline__ void keep_finish(const TopkKeep& k, int64_t row, const uint32_t* s_kept) {
+  __syncthreads();
+  if (threadIdx.x == 0) k.count[row * kTopkKeepMaxBlocks + blockIdx.x] = *s_kept;
+}
+// Before any early exit of a keeping block: the row's block count, and a
+// block without tokens counts none.
+__device__ __forceinline__ void keep_start(const TopkKeep& k, int64_t row, bool has_tokens, uint32_t* s_kept) {
+  if (threadIdx.x == 0) {
+    *s_kept = 0;
+    if (blockIdx.x == 0) k.nblk[row] = int32_t(gridDim.x);
+    if (!has_tokens) k.count[row * kTopkKeepMaxBlocks + blockIdx.x] = 0;
+  }
+}
+
 constexpr int k16Threads = 256;
 constexpr int k16Span = 64;                  // a warp's tokens per iteration
 constexpr int k16StageBytes = k16Span * 32;  // codes
@@ -476,11 +548,20 @@ __global__ void __launch_bounds__(k16Threads, 3) higgs2_mma16_kernel(ScoreRowsPa
   uint2* g16 = reinterpret_cast<uint2*>(mma_smem);  // [code][copy]: the point's 4 dims as two half2
   const int64_t row = blockIdx.y;
   if (p.cand && BY_ID == bool(ranges[row / p.n_kv_head].fresh)) return;  // the other launch's row
+  const int kmode = p.keep.pass ? p.keep.mode[row] : 0;
+  if (p.keep.pass == 2 && kmode != 4) return;  // the rerun: only the rows the fused top-k gave up on
+  const bool keeping = !BY_ID && p.keep.pass == 1 && kmode == 1;
+  __shared__ uint32_t s_kept;
+  if (keeping)
+    keep_start(p.keep, row, int64_t(blockIdx.x) * (k16Threads / 32) * k16Span <
+                                score_range(p, ranges[row / p.n_kv_head]).n, &s_kept);
   Range rg;
   GqaPartials gp;
   if (!mma_scorer_start<k16Threads, k16Span>(p, q0, nq, ranges, grid, g16, rg, gp)) return;
   const int lane = threadIdx.x & 31, gr = lane >> 2, xc = lane & 3;
   const bool has_q = xc < nq;  // this lane's outputs are query xc's
+  const int k_qi[1] = {has_q ? q0 + xc : -1};
+  const float k_th[1] = {keeping && has_q ? p.keep.theta[row * p.n_q + q0 + xc] : INFINITY};
   uint32_t b[8][2];            // B: query gr / 2's high (even gr) or low part, dims 4(8xc + kk) ..
   {
     const int bq = gr >> 1;
@@ -613,6 +694,17 @@ __global__ void __launch_bounds__(k16Threads, 3) higgs2_mma16_kernel(ScoreRowsPa
       v[2 * u] = __uint_as_float(sc[u] << 16) * (d[0] + d[1]);
       v[2 * u + 1] = __uint_as_float(sc[u] & 0xffff0000u) * (d[2] + d[3]);
     }
+    if (keeping) {  // every lane: the kept list instead of the scores
+      float kv[1][2 * kT];
+#pragma unroll
+      for (int i = 0; i < 2 * kT; ++i) {
+        if (w0 + 8 * i + gr >= n) v[i] = -INFINITY;
+        kv[0][i] = v[i];
+      }
+      keep_span<1>(p.keep, row, p.n_q, &s_kept, rg.c0, w0, ranges + row / p.n_kv_head, kv, k_qi, k_th, lane);
+      if (has_q && gp.part) span_partials(lm, ls, v);
+      continue;
+    }
     if (!has_q) continue;
     float* op = out + w0;
     if (w0 + k16Span <= n) {
@@ -628,6 +720,7 @@ __global__ void __launch_bounds__(k16Threads, 3) higgs2_mma16_kernel(ScoreRowsPa
     if (gp.part) span_partials(lm, ls, v);  // one rescale per span
   }
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");  // nothing in flight at exit
+  if (keeping) keep_finish(p.keep, row, &s_kept);
   if (!gp.part) return;
   // Lanes x, x + 4, .., x + 28 hold query x's partials.
   mma_block_partials<k16Threads>(gp, row * p.n_q + q0, nq, lm, ls, 4, 16, gr == 0, xc);
@@ -672,7 +765,16 @@ __global__ void __launch_bounds__(kU4Threads, 3) u4_imma_kernel(ScoreRowsParams 
   constexpr int kT = kU4Span / 16;  // tiles per span
   extern __shared__ __align__(16) uint8_t u4_smem[];
   const int64_t row = blockIdx.y;
-  const Range rg = score_range(p, ranges[row / p.n_kv_head]);
+  const int kmode = p.keep.pass ? p.keep.mode[row] : 0;
+  if (p.keep.pass == 2 && kmode != 4) return;  // the rerun: only the rows the fused top-k gave up on
+  const bool keeping = p.keep.pass == 1 && kmode == 1;
+  const StepRanges& srow = ranges[row / p.n_kv_head];
+  const Range rg = score_range(p, srow);
+  __shared__ uint32_t s_kept;
+  if (keeping) {
+    keep_start(p.keep, row, int64_t(blockIdx.x) * (kU4Threads / 32) * kU4Span < rg.n, &s_kept);
+    __syncthreads();
+  }
   const GqaPartials gp =
       p.gqa_scratch ? gqa_partials(p.gqa_scratch, int64_t(gridDim.y) * p.n_q) : GqaPartials{nullptr, nullptr};
   if (int64_t(blockIdx.x) * (kU4Threads / 32) * kU4Span >= rg.n) {  // no token for this block
@@ -726,6 +828,13 @@ __global__ void __launch_bounds__(kU4Threads, 3) u4_imma_kernel(ScoreRowsParams 
     fac[e] = __shfl_sync(0xffffffffu, factor, 4 * (2 * xc + e));
     qsum[e] = __shfl_sync(0xffffffffu, sum, 4 * (2 * xc + e));
     has_q[e] = 2 * xc + e < nq;
+  }
+  int k_qi[2];
+  float k_th[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    k_qi[e] = has_q[e] ? q0 + 2 * xc + e : -1;
+    k_th[e] = keeping && has_q[e] ? p.keep.theta[row * p.n_q + q0 + 2 * xc + e] : INFINITY;
   }
   // Token offsets are 32-bit (a row holds < 2^30 tokens, launch_planar_mma).
   const int n = int(rg.n);
@@ -804,6 +913,18 @@ __global__ void __launch_bounds__(kU4Threads, 3) u4_imma_kernel(ScoreRowsParams 
       }
     }
     const bool full = w0 + kU4Span <= n;
+    if (keeping) {  // every lane: the kept list instead of the scores
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+#pragma unroll
+        for (int i = 0; i < 2 * kT; ++i)
+          if (!full && w0 + 8 * i + gr >= n) v[e][i] = -INFINITY;
+      keep_span<2>(p.keep, row, p.n_q, &s_kept, rg.c0, w0, ranges + row / p.n_kv_head, v, k_qi, k_th, lane);
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        if (has_q[e] && gp.part) span_partials(lm[e], ls[e], v[e]);
+      continue;
+    }
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       if (!has_q[e]) continue;
@@ -817,6 +938,7 @@ __global__ void __launch_bounds__(kU4Threads, 3) u4_imma_kernel(ScoreRowsParams 
     }
   }
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");  // nothing in flight at exit
+  if (keeping) keep_finish(p.keep, row, &s_kept);
   if (!gp.part) return;
   // Lanes xc, xc + 4, .., xc + 28 hold queries 2xc, 2xc + 1's partials.
   __shared__ float2 red[kU4Threads / 32][kU4MaxQ];
@@ -1068,7 +1190,7 @@ void launch_planar_mma(const Exec& x, const ScoreRowsParams& p, int q0, int nq, 
     KVT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, KERNEL, THREADS, SMEM));
     return std::max(1, n);
   }();
-  const unsigned bx = planar_blocks_per_row(p, n_rows, per_sm, 256);
+  const unsigned bx = planar_blocks_per_row(p, n_rows, per_sm, kTopkKeepMaxBlocks);
   KERNEL<<<dim3(bx, unsigned(n_rows)), THREADS, SMEM, st(x)>>>(p, q0, nq, q, plane0, plane1, ranges, p.fmt.grid,
                                                               scores);
   check(cudaGetLastError(), name, __FILE__, __LINE__);  // KVT_CUDA_LAUNCH_CHECK with the name a pointer

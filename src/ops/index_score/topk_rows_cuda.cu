@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <string>
 #include <string_view>
 
 #include "backend/cuda_backend.h"
 #include "ops/index_score/index_rows_cuda.h"
 #include "ops/index_score/score_rows_cuda.cuh"
+#include "ops/quant/quant_dev.cuh"
 
 namespace kvtier::cuda {
 namespace {
@@ -488,13 +490,117 @@ __global__ void __launch_bounds__(kFiltThreads)
   }
 }
 
+// Bit i: element warp · 512 + 32i + lane of a kept block is below m.
+__device__ __forceinline__ uint32_t valid_below(uint32_t m) {
+  const uint32_t first = uint32_t((threadIdx.x / 32) * kWarpSpan + threadIdx.x % 32);
+  uint32_t bits = 0;
+#pragma unroll
+  for (int i = 0; i < kKeptPer; ++i) bits |= (first + 32u * i < m ? 1u : 0u) << i;
+  return bits;
+}
+
+// The k-th largest of a block's keys (keys[i] taking part where bit i of
+// valid is set; k ≤ their count) and how many of its equals to take: a
+// radix select, 8 bits a pass from the top. Every thread of the block
+// calls it and gets both; s_hist holds 256 words, s_sel 2.
+__device__ void block_radix_select(const uint32_t (&keys)[kKeptPer], uint32_t valid, uint32_t k, uint32_t* s_hist,
+                                   uint32_t* s_sel, uint32_t& thr, uint32_t& need_eq) {
+  const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
+  uint32_t prefix = 0, prefix_mask = 0, remaining = k;
+#pragma unroll
+  for (int pass = 0; pass < 4; ++pass) {
+    const int shift = 24 - 8 * pass;
+    if (tid < 256) s_hist[tid] = 0;
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kKeptPer; ++i)
+      if ((valid >> i & 1u) && (keys[i] & prefix_mask) == prefix) atomicAdd(&s_hist[(keys[i] >> shift) & 255u], 1u);
+    __syncthreads();
+    if (warp == 0) {  // lane l holds bins 255 − 8l … 248 − 8l, the largest first
+      uint32_t h[8], sum = 0;
+#pragma unroll
+      for (int b = 0; b < 8; ++b) {
+        h[b] = s_hist[255 - 8 * lane - b];
+        sum += h[b];
+      }
+      const uint32_t in = warp_inclusive_sum(sum, lane), ex = in - sum;
+      if (ex < remaining && in >= remaining) {
+        uint32_t acc = ex;
+#pragma unroll
+        for (int b = 0; b < 8; ++b) {
+          if (acc + h[b] >= remaining) {
+            s_sel[0] = prefix | (uint32_t(255 - 8 * lane - b) << shift);
+            s_sel[1] = remaining - acc;
+            break;
+          }
+          acc += h[b];
+        }
+      }
+    }
+    __syncthreads();
+    prefix = s_sel[0];
+    remaining = s_sel[1];
+    prefix_mask |= 255u << shift;
+  }
+  thr = prefix;
+  need_eq = remaining;
+}
+
+// A kept block's regions (thread b < nbr holding region b's count c):
+// where each starts in the row's list (s_base) and their total, on every
+// thread. s_warp holds 32 words, s_total 1.
+__device__ uint32_t region_starts(uint32_t c, int nbr, uint32_t* s_warp, uint32_t* s_base, uint32_t* s_total) {
+  const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
+  const uint32_t incl = warp_inclusive_sum(c, lane);
+  if (lane == 31) s_warp[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    const uint32_t w = s_warp[lane];
+    const uint32_t wi = warp_inclusive_sum(w, lane);
+    s_warp[lane] = wi - w;
+    if (lane == 31) *s_total = wi;
+  }
+  __syncthreads();
+  if (tid < nbr) s_base[tid] = s_warp[warp] + incl - c;
+  const uint32_t total = *s_total;
+  __syncthreads();  // s_base complete; s_warp free again
+  return total;
+}
+
+// Element e of the list: its region (the last whose list starts at or before e).
+__device__ __forceinline__ int region_of(const uint32_t* s_base, int nbr, uint32_t e) {
+  int lo = 0, up = nbr - 1;
+  while (lo < up) {
+    const int mid = (lo + up + 1) / 2;
+    if (s_base[mid] <= e) lo = mid;
+    else up = mid - 1;
+  }
+  return lo;
+}
+
+// The block's keys shifted left past the bits all of them share above
+// their largest's top bit (thread maxima hi): the same order and ties, but
+// the radix select's first pass then splits them. Returns the shift.
+__device__ int shift_keys_up(uint32_t (&keys)[kKeptPer], uint32_t hi, uint32_t* s_warp) {
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  hi = __reduce_max_sync(0xffffffffu, hi);
+  __syncthreads();
+  if (lane == 0) s_warp[warp] = hi;
+  __syncthreads();
+  hi = __reduce_max_sync(0xffffffffu, s_warp[lane]);
+  const int up = hi ? __clz(hi) : 0;
+#pragma unroll
+  for (int i = 0; i < kKeptPer; ++i) keys[i] <<= up;
+  return up;
+}
+
 __global__ void __launch_bounds__(kKeptThreads)
     topk_kept_kernel(int n_kv_head, int kmax, TopkSource source, const StepRanges* __restrict__ ranges,
                      SampledView v, int32_t* __restrict__ out) {
   __shared__ uint32_t s_base[kMaxRegions];
   __shared__ uint32_t s_hist[256];
   __shared__ uint32_t s_warp[kKeptThreads / 32];
-  __shared__ uint32_t s_prefix, s_remaining;
+  __shared__ uint32_t s_sel[2];
   __shared__ float s_lse[kMaxGqaQueries];
   const int64_t row = blockIdx.x;
   const int mode = v.mode[row];
@@ -541,10 +647,10 @@ __global__ void __launch_bounds__(kKeptThreads)
     const uint32_t w = s_warp[lane];
     const uint32_t wi = warp_inclusive_sum(w, lane);
     s_warp[lane] = wi - w;
-    if (lane == 31) s_remaining = wi;  // the row's kept count, for a moment
+    if (lane == 31) s_sel[0] = wi;  // the row's kept count, for a moment
   }
   __syncthreads();
-  m = s_remaining;
+  m = s_sel[0];
   if (tid < nbr) s_base[tid] = s_warp[warp] + incl - c;
   if (overflow || m < uint32_t(k) || m > uint32_t(kMaxKept)) return;  // the cluster kernel does this row
   __syncthreads();
@@ -576,46 +682,8 @@ __global__ void __launch_bounds__(kKeptThreads)
   const int up = hi ? __clz(hi) : 0;
 #pragma unroll
   for (int i = 0; i < kKeptPer; ++i) keys[i] <<= up;
-  // Radix select, 8 bits a pass from the top: the k-th largest key and how
-  // many of its equals to take.
-  uint32_t prefix = 0, prefix_mask = 0, remaining = uint32_t(k);
-#pragma unroll
-  for (int pass = 0; pass < 4; ++pass) {
-    const int shift = 24 - 8 * pass;
-    if (tid < 256) s_hist[tid] = 0;
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < kKeptPer; ++i)
-      if (uint32_t(warp * kWarpSpan + i * 32 + lane) < m && (keys[i] & prefix_mask) == prefix)
-        atomicAdd(&s_hist[(keys[i] >> shift) & 255u], 1u);
-    __syncthreads();
-    if (warp == 0) {  // lane l holds bins 255 − 8l … 248 − 8l, the largest first
-      uint32_t h[8], sum = 0;
-#pragma unroll
-      for (int b = 0; b < 8; ++b) {
-        h[b] = s_hist[255 - 8 * lane - b];
-        sum += h[b];
-      }
-      const uint32_t in = warp_inclusive_sum(sum, lane), ex = in - sum;
-      if (ex < remaining && in >= remaining) {
-        uint32_t acc = ex;
-#pragma unroll
-        for (int b = 0; b < 8; ++b) {
-          if (acc + h[b] >= remaining) {
-            s_prefix = prefix | (uint32_t(255 - 8 * lane - b) << shift);
-            s_remaining = remaining - acc;
-            break;
-          }
-          acc += h[b];
-        }
-      }
-    }
-    __syncthreads();
-    prefix = s_prefix;
-    remaining = s_remaining;
-    prefix_mask |= 255u << shift;
-  }
-  const uint32_t thr = prefix, need_eq = remaining;
+  uint32_t thr, need_eq;
+  block_radix_select(keys, valid_below(m), uint32_t(k), s_hist, s_sel, thr, need_eq);
   int32_t* orow = out + row * kmax;
   for (int i = tid; i < kmax - k; i += kKeptThreads) orow[i] = -1;
   int32_t* osel = orow + (kmax - k);
@@ -647,14 +715,376 @@ __global__ void __launch_bounds__(kKeptThreads)
   if (tid == 0) v.mode[row] = 2;
 }
 
+// ---- scoring and top-k fused (gqa_score_topk_rows)
+// 1. keep_threshold_kernel, a block per row: scores a sample of the row
+//    itself: every non-candidate chunk up to 256 (the sinks and the window,
+//    often the heaviest) and 2,048 candidates evenly spaced, each weighted
+//    by the chunks it stands for, give ℓ̂_j; the sampled candidates'
+//    aggregates max_j (s_j − ℓ̂_j) give T̂ as topk_sample_kernel gives T;
+//    θ_j = T̂ + ℓ̂_j. (U4's sample scores are the scorer's floats, higgs2's
+//    f32 sums in another order: an estimate either way.) Mode 1, or 0 for
+//    a row the sample does not serve (short, dense, or a θ not finite).
+// 2. score_rows, pass 1 (TopkKeep): each block of a mode-1 row appends its
+//    kept candidates to its own region of the row's list.
+// 3. fused_kept_kernel, a block per mode-1 row: the aggregates of the kept
+//    (the same floats the cluster kernel computes), their exact top-k by
+//    radix select; the check A_k > θ_j − ℓ_j for every query; ties at A_k
+//    to the lower chunk by a second select over the tied chunks' ids; the
+//    picks set bits of a bitmap of the row's candidates, which a block scan
+//    turns into ascending ids. Mode 2, or 4 where a region overflowed, the
+//    row kept fewer than k or more than kMaxKept, or the check failed.
+// 4. score_rows, pass 2: the mode-4 rows in full; 5. the cluster kernel
+//    does the rows of modes 0 and 4.
+constexpr int kThrThreads = 1024, kThrSamples = 2048, kThrEdge = 256, kThrPer = kThrSamples / kThrThreads;
+constexpr int kFusedMaxQ = 4;  // the table holds 4 queries (int4 / float4 entries)
+constexpr size_t kThrSmem = size_t(32) * 256 * 16;
+constexpr int64_t kFusedMaxRow = int64_t(1) << 20;  // the bitmap's 128 KB of shared memory
+static_assert(kThrEdge <= kThrThreads, "an edge sample per thread");
+
+struct FusedView {
+  uint32_t* count;  // [rows, kTopkKeepMaxBlocks]: kept per scorer block
+  int32_t* mode;    // [rows], where SampledView keeps it (gqa_topk_row_paths reads either)
+  int32_t* nblk;    // [rows]: the scorer's blocks per row
+  float* theta;     // [rows · n_q]
+  int32_t* ids;     // [rows · kTopkKeepSlots]
+  float* kept;      // [rows · n_q · kTopkKeepSlots]
+};
+
+FusedView fused_view(void* scratch, int64_t n_rows, int n_q) {
+  FusedView v;
+  auto* w = static_cast<uint32_t*>(scratch);
+  v.mode = reinterpret_cast<int32_t*>(w + n_rows);
+  v.nblk = reinterpret_cast<int32_t*>(w + 2 * n_rows);
+  v.theta = reinterpret_cast<float*>(w + 3 * n_rows);
+  v.count = w + n_rows * (3 + n_q);
+  const int64_t head = n_rows * (3 + n_q + kTopkKeepMaxBlocks);
+  v.ids = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(scratch) + ((head * 4 + 15) & ~int64_t(15)));
+  v.kept = reinterpret_cast<float*>(v.ids + n_rows * kTopkKeepSlots);
+  return v;
+}
+
+__device__ __forceinline__ float from_order_key(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+__global__ void __launch_bounds__(kThrThreads)
+    keep_threshold_kernel(ScoreRowsParams p, int kmax, bool u4, const float* __restrict__ q,
+                          const uint8_t* const* __restrict__ codes_rows, const uint8_t* const* __restrict__ scale_rows,
+                          const StepRanges* __restrict__ ranges, FusedView v, float bias) {
+  // The row's table: entry (code byte g, value b) holds the n_q queries'
+  // products with the dims byte g codes (U4: Σ q8·c in integers, exact).
+  extern __shared__ __align__(16) uint8_t thr_smem[];
+  auto* lut_f = reinterpret_cast<float4*>(thr_smem);  // [32][256]
+  auto* lut_i = reinterpret_cast<int4*>(thr_smem);
+  __shared__ __align__(16) float s_q[kFusedMaxQ][128];
+  __shared__ int8_t s_q8[kFusedMaxQ][128];  // U4: the queries' int8 values, their factor and sum
+  __shared__ float s_fac[kFusedMaxQ];
+  __shared__ int32_t s_qsum[kFusedMaxQ];
+  __shared__ float2 s_red[kThrThreads / 32][kFusedMaxQ];
+  __shared__ float s_lhat[kFusedMaxQ];
+  __shared__ uint32_t s_keys[kThrSamples];
+  constexpr int kW = kThrThreads / 32;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int64_t row = blockIdx.x;
+  const StepRanges sr = ranges[row / p.n_kv_head];
+  const int64_t nc = sr.c_hi - sr.c_lo;
+  const int k = int(min(min(sr.k, int64_t(kmax)), nc));
+  const bool ok = k > 0 && nc >= kMinSampledRow && int64_t(k) * 8 <= nc && k <= kMaxKept / 2 &&
+                  sr.n_chunk <= kFusedMaxRow;
+  if (!ok) {
+    if (tid == 0) v.mode[row] = 0;
+    return;
+  }
+  const int n_q = p.n_q;
+  for (int e = tid; e < kFusedMaxQ * 128; e += kThrThreads)
+    s_q[e / 128][e % 128] = e / 128 < n_q ? q[row * n_q * 128 + e] : 0.f;
+  __syncthreads();
+  if (u4) {  // the queries in integers, as u4_imma_kernel makes them (quant_format.h)
+    for (int j = warp; j < kFusedMaxQ; j += kW) {
+      float amax = 0.f;
+      for (int d = lane; d < 128; d += 32) amax = fmaxf(amax, fabsf(s_q[j][d]));
+      amax = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(amax)));  // ≥ 0: ordered as bits
+      const qdev::UniformQuery u = qdev::uniform_query(amax, __ldg(p.fmt.grid + 2));
+      int32_t sum = 0;
+      for (int d = lane; d < 128; d += 32) {
+        const int32_t v8 = qdev::uniform_q8(s_q[j][d], u);
+        s_q8[j][d] = int8_t(v8);
+        sum += v8;
+      }
+      sum = __reduce_add_sync(0xffffffffu, sum);
+      if (lane == 0) s_fac[j] = u.factor, s_qsum[j] = sum;
+    }
+    __syncthreads();
+    for (int e = tid; e < 32 * 256; e += kThrThreads) {
+      const int g = e / 256, b = e % 256;
+      int32_t d[kFusedMaxQ];
+#pragma unroll
+      for (int j = 0; j < kFusedMaxQ; ++j) {
+        const char4 q8 = *reinterpret_cast<const char4*>(&s_q8[j][4 * g]);
+        d[j] = int32_t(q8.x) * (b & 3) + int32_t(q8.y) * ((b >> 2) & 3) + int32_t(q8.z) * ((b >> 4) & 3) +
+               int32_t(q8.w) * (b >> 6);
+      }
+      lut_i[e] = make_int4(d[0], d[1], d[2], d[3]);
+    }
+  } else {
+    for (int e = tid; e < 32 * 256; e += kThrThreads) {
+      const int g = e / 256, b = e % 256;
+      const float4 x = __ldg(reinterpret_cast<const float4*>(p.fmt.grid) + b);
+      float d[kFusedMaxQ];
+#pragma unroll
+      for (int j = 0; j < kFusedMaxQ; ++j) {
+        const float4 qv = *reinterpret_cast<const float4*>(&s_q[j][4 * g]);
+        d[j] = qv.x * x.x + qv.y * x.y + qv.z * x.z + qv.w * x.w;
+      }
+      lut_f[e] = make_float4(d[0], d[1], d[2], d[3]);
+    }
+  }
+  __syncthreads();
+  const uint8_t* codes = codes_rows[row];
+  const uint16_t* scales = reinterpret_cast<const uint16_t*>(scale_rows[row]);
+  // Chunk c's scores of every query (scale and p.scale folded in; −inf past n_q).
+  auto score = [&](int64_t c, float (&sc)[kFusedMaxQ]) {
+    const uint4* cw = reinterpret_cast<const uint4*>(codes + c * 32);
+    const uint4 a = __ldg(cw), b = __ldg(cw + 1);
+    const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    const float sigma = __bfloat162float(__ushort_as_bfloat16(__ldg(scales + c)));
+    if (u4) {
+      int4 acc = make_int4(0, 0, 0, 0);
+#pragma unroll
+      for (int g = 0; g < 32; ++g) {
+        const int4 t = lut_i[g * 256 + ((w[g / 4] >> (8 * (g % 4))) & 0xffu)];
+        acc.x += t.x, acc.y += t.y, acc.z += t.z, acc.w += t.w;
+      }
+      const int32_t dot[4] = {acc.x, acc.y, acc.z, acc.w};
+#pragma unroll
+      for (int j = 0; j < kFusedMaxQ; ++j)
+        sc[j] = j < n_q ? __fmul_rn(qdev::uniform_group_score(sigma, qdev::UniformQuery{0.f, s_fac[j]}, dot[j],
+                                                              s_qsum[j], 4),
+                                    p.scale)
+                        : -INFINITY;
+      return;
+    }
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int g = 0; g < 32; ++g) {
+      const float4 t = lut_f[g * 256 + ((w[g / 4] >> (8 * (g % 4))) & 0xffu)];
+      acc.x += t.x, acc.y += t.y, acc.z += t.z, acc.w += t.w;
+    }
+    const float f = sigma * p.scale, d[4] = {acc.x, acc.y, acc.z, acc.w};
+#pragma unroll
+    for (int j = 0; j < kFusedMaxQ; ++j) sc[j] = j < n_q ? d[j] * f : -INFINITY;
+  };
+  // This thread's samples: non-candidate tid (of up to kThrEdge, evenly
+  // spaced) and candidates tid + i·kThrThreads (of kThrSamples), each
+  // standing for the chunks between it and the next.
+  const int64_t n_edge = sr.c_lo + (sr.n_chunk - sr.c_hi);
+  const int m_edge = int(min(n_edge, int64_t(kThrEdge)));
+  float lm[kFusedMaxQ], ls[kFusedMaxQ];
+#pragma unroll
+  for (int j = 0; j < kFusedMaxQ; ++j) lm[j] = -INFINITY, ls[j] = 0.f;
+  if (tid < m_edge) {
+    const int64_t a = int64_t(tid) * n_edge / m_edge;
+    float sc[kFusedMaxQ];
+    score(a < sr.c_lo ? a : sr.c_hi + (a - sr.c_lo), sc);
+    const float lw = __logf(float(n_edge) / float(m_edge));
+#pragma unroll
+    for (int j = 0; j < kFusedMaxQ; ++j) score_detail::lse_combine(lm[j], ls[j], sc[j] + lw, 1.f);
+  }
+  float cs[kThrPer][kFusedMaxQ];
+  const float lw = __logf(float(nc) / float(kThrSamples));
+#pragma unroll
+  for (int i = 0; i < kThrPer; ++i) {
+    score(sr.c_lo + int64_t(tid + i * kThrThreads) * nc / kThrSamples, cs[i]);
+#pragma unroll
+    for (int j = 0; j < kFusedMaxQ; ++j) score_detail::lse_combine(lm[j], ls[j], cs[i][j] + lw, 1.f);
+  }
+#pragma unroll
+  for (int j = 0; j < kFusedMaxQ; ++j) {
+    score_detail::warp_lse(lm[j], ls[j]);
+    if (lane == 0) s_red[warp][j] = make_float2(lm[j], ls[j]);
+  }
+  __syncthreads();
+  if (tid < n_q) {
+    float m = -INFINITY, sum = 0.f;
+    for (int w = 0; w < kW; ++w) score_detail::lse_combine(m, sum, s_red[w][tid].x, s_red[w][tid].y);
+    s_lhat[tid] = m + __logf(sum);
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < kThrPer; ++i) {
+    float best = -INFINITY;
+    for (int j = 0; j < n_q; ++j) best = fmaxf(best, cs[i][j] - s_lhat[j]);
+    s_keys[tid + i * kThrThreads] = order_key(best);
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  // One warp, as topk_sample_kernel: the largest 16-bit level r sampled keys reach.
+  const float pk = float(k) / float(nc), mu = kThrSamples * pk;
+  const uint32_t r = uint32_t(min(float(kThrSamples), ceilf(mu + 6.f * sqrtf(mu * (1.f - pk))) + 8.f));
+  uint32_t t = 0;
+  for (int bit = 31; bit >= 16; --bit) {
+    const uint32_t cand = t | (1u << bit);
+    uint32_t c = 0;
+    for (int i = lane; i < kThrSamples; i += 32) c += s_keys[i] >= cand;
+    if (__reduce_add_sync(0xffffffffu, c) >= r) t = cand;
+  }
+  if (tid == 0) {
+    const float tt = from_order_key(t);
+    bool finite = true;
+    for (int j = 0; j < n_q; ++j) {
+      const float th = tt + s_lhat[j] + (j == 0 ? bias : 0.f);
+      finite &= isfinite(th);
+      v.theta[row * n_q + j] = th;
+    }
+    v.mode[row] = finite ? 1 : 0;
+  }
+}
+
+__global__ void __launch_bounds__(kKeptThreads)
+    fused_kept_kernel(int n_kv_head, int kmax, int n_q, score_detail::GqaPartials gp,
+                      const StepRanges* __restrict__ ranges, FusedView v, int32_t* __restrict__ out) {
+  extern __shared__ uint32_t s_bits[];  // [⌈candidates / 32⌉]: the picks
+  __shared__ uint32_t s_base[kTopkKeepMaxBlocks];
+  __shared__ uint32_t s_hist[256];
+  __shared__ uint32_t s_warp[kKeptThreads / 32];
+  __shared__ uint32_t s_sel[2];
+  __shared__ float s_lse[kMaxGqaQueries];
+  const int64_t row = blockIdx.x;
+  if (v.mode[row] != 1) return;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const StepRanges sr = ranges[row / n_kv_head];
+  const int64_t n = sr.c_hi - sr.c_lo;
+  const int k = int(min(min(sr.k, int64_t(kmax)), n));
+  // Where each scorer block's region starts in the row's list (as topk_kept_kernel's regions).
+  const int nbr = v.nblk[row];
+  const uint32_t region_cap = uint32_t(kTopkKeepSlots / nbr);
+  const uint32_t c = tid < nbr ? v.count[row * kTopkKeepMaxBlocks + tid] : 0u;
+  const bool overflow = __syncthreads_or(c > region_cap);
+  const uint32_t m = region_starts(c, nbr, s_warp, s_base, s_sel);
+  if (overflow || m < uint32_t(k) || m > uint32_t(kMaxKept)) {
+    if (tid == 0) v.mode[row] = 4;
+    return;
+  }
+  for (int j = warp; j < n_q; j += kKeptThreads / 32) {
+    const float l = score_detail::query_lse(gp, row * n_q + j, lane);
+    if (lane == 0) s_lse[j] = l;
+  }
+  __syncthreads();
+  const uint32_t valid = valid_below(m);
+  const uint32_t first = uint32_t(warp * kWarpSpan + lane);
+  const float* kept = v.kept + row * n_q * kTopkKeepSlots;
+  const int32_t* ids = v.ids + row * kTopkKeepSlots;
+  auto slot_of = [&](uint32_t e) {  // element e of the list → its slot
+    const int b = region_of(s_base, nbr, e);
+    return uint32_t(b) * region_cap + (e - s_base[b]);
+  };
+  uint32_t keys[kKeptPer], lo = 0xffffffffu, hi = 0;
+#pragma unroll
+  for (int i = 0; i < kKeptPer; ++i) {
+    keys[i] = 0;
+    if (valid >> i & 1u) {
+      const uint32_t sl = slot_of(first + 32u * i);
+      float best = -INFINITY;  // as load_tile: the cluster kernel's floats
+      for (int j = 0; j < n_q; ++j) best = fmaxf(best, kept[int64_t(j) * kTopkKeepSlots + sl] - s_lse[j]);
+      keys[i] = order_key(best);
+      lo = min(lo, keys[i]);
+    }
+  }
+  // Less the smallest and shifted past the bits all share (as topk_kept_kernel's small rows).
+  lo = __reduce_min_sync(0xffffffffu, lo);
+  if (lane == 0) s_warp[warp] = lo;
+  __syncthreads();
+  lo = __reduce_min_sync(0xffffffffu, s_warp[lane]);
+#pragma unroll
+  for (int i = 0; i < kKeptPer; ++i) {
+    keys[i] = (valid >> i & 1u) ? keys[i] - lo : 0u;
+    hi = max(hi, keys[i]);
+  }
+  const int up = shift_keys_up(keys, hi, s_warp);
+  uint32_t thr, need_eq;
+  block_radix_select(keys, valid, uint32_t(k), s_hist, s_sel, thr, need_eq);
+  // Exact only if every candidate left out lies below A_k.
+  const uint32_t a_k = (thr >> up) + lo;
+  const bool fail = tid < n_q && order_key(v.theta[row * n_q + tid] - s_lse[tid]) >= a_k;
+  if (__syncthreads_or(fail)) {
+    if (tid == 0) v.mode[row] = 4;
+    return;
+  }
+  // Ties at A_k: the need_eq lowest chunk ids among them (their ~id the largest).
+  uint32_t eq = 0;
+#pragma unroll
+  for (int i = 0; i < kKeptPer; ++i)
+    if ((valid >> i & 1u) && keys[i] == thr) eq |= 1u << i;
+  const uint32_t w_eq = __reduce_add_sync(0xffffffffu, uint32_t(__popc(eq)));
+  if (lane == 0) s_warp[warp] = w_eq;
+  __syncthreads();
+  const uint32_t n_eq = __reduce_add_sync(0xffffffffu, s_warp[lane]);
+  uint32_t id_thr = 0;
+  if (n_eq > need_eq) {
+    uint32_t idk[kKeptPer];
+#pragma unroll
+    for (int i = 0; i < kKeptPer; ++i) idk[i] = (eq >> i & 1u) ? ~uint32_t(ids[slot_of(first + 32u * i)]) : 0u;
+    uint32_t ne2;
+    block_radix_select(idk, eq, need_eq, s_hist, s_sel, id_thr, ne2);
+  }
+  const uint32_t n_words = uint32_t((n + 31) / 32);
+  for (uint32_t w = tid; w < n_words; w += kKeptThreads) s_bits[w] = 0;
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < kKeptPer; ++i) {
+    if (!(valid >> i & 1u)) continue;
+    if (keys[i] < thr || (keys[i] == thr && !(eq >> i & 1u))) continue;
+    const int32_t id = ids[slot_of(first + 32u * i)];
+    if (keys[i] > thr || n_eq == need_eq || ~uint32_t(id) >= id_thr) {
+      const uint32_t cc = uint32_t(int64_t(id) - sr.c_lo);
+      atomicOr(&s_bits[cc / 32], 1u << (cc % 32));
+    }
+  }
+  __syncthreads();
+  // The bitmap → ascending ids: thread t scans words [t·per, t·per + per).
+  const uint32_t per = (n_words + kKeptThreads - 1) / kKeptThreads;
+  const uint32_t w0 = uint32_t(tid) * per, w1 = min(n_words, w0 + per);
+  uint32_t cnt = 0;
+  for (uint32_t w = w0; w < w1; ++w) cnt += __popc(s_bits[w]);
+  const uint32_t in2 = warp_inclusive_sum(cnt, lane);
+  if (lane == 31) s_warp[warp] = in2;
+  __syncthreads();
+  uint32_t before = in2 - cnt, total = 0;
+  for (int w = 0; w < kKeptThreads / 32; ++w) {
+    before += w < warp ? s_warp[w] : 0u;
+    total += s_warp[w];
+  }
+  if (total != uint32_t(k)) {  // cannot happen: a guard, not a path
+    if (tid == 0) v.mode[row] = 4;
+    return;
+  }
+  int32_t* orow = out + row * kmax;
+  for (int i = tid; i < kmax - k; i += kKeptThreads) orow[i] = -1;
+  int32_t* osel = orow + (kmax - k);
+  for (uint32_t w = w0; w < w1; ++w)
+    for (uint32_t bits = s_bits[w]; bits; bits &= bits - 1)
+      osel[before++] = int32_t(sr.c_lo + int64_t(w) * 32 + __ffs(bits) - 1);
+  if (tid == 0) v.mode[row] = 2;
+}
+
 cudaStream_t st(const Exec& x) { return static_cast<cudaStream_t>(x.stream); }
 
-bool sampled_topk_off() {
-  static const bool off = [] {
-    const char* e = std::getenv("KVT_GQA_TOPK");
-    return e && std::string_view(e) == "cluster";
+// $KVT_GQA_TOPK: "cluster" turns the sampled and fused paths off,
+// "unfused" the fused one (gqa_score_topk_rows then scores, then selects),
+// "fused" turns it on.
+std::string_view gqa_topk_env() {
+  static const std::string e = [] {
+    const char* v = std::getenv("KVT_GQA_TOPK");
+    return std::string(v ? v : "");
   }();
-  return off;
+  return e;
+}
+bool sampled_topk_off() { return gqa_topk_env() == "cluster"; }
+constexpr bool kFuseByDefault = false;  // not yet faster (bench/results/gpu/batch/README.md, run19)
+bool fused_topk_on(int fuse) {
+  if (fuse >= 0) return fuse == 1;
+  if (gqa_topk_env() == "cluster" || gqa_topk_env() == "unfused") return false;
+  return kFuseByDefault || gqa_topk_env() == "fused";
 }
 
 // A cluster of kCluster blocks per row; after the sampled path (mode),
@@ -726,6 +1156,62 @@ void gqa_topk_rows(const Exec& x, const GqaRowsParams& p, const float* raw, cons
     mode = v.mode;
   }
   launch_topk<true>(x, n_rows, p.n_kv_head, kmax, src, ranges, mode, out);
+}
+
+bool gqa_score_topk_fuses(const ScoreRowsParams& sp, const GqaRowsParams& gp) {
+  if (!gp.topk_scratch || !fused_topk_on(gp.fuse) || sp.layout != IndexRecLayout::planar_higgs2 || sp.cand ||
+      sp.candidates_only || !sp.gqa_scratch || !gp.partials_ready || sp.head_dim != 128)
+    return false;
+  if (gp.n_q < 2 || gp.n_q != sp.n_q || gp.in_stride != sp.out_stride || gp.in_stride > kFusedMaxRow) return false;
+  if (sp.fmt.spec.uniform_levels) return sp.fmt.spec.grid_size == 4 && gp.n_q <= kFusedMaxQ;  // U4
+  return planar_scorer_resolved(sp.planar_scorer) == PlanarScorer::mma16 && gp.n_q <= 4;
+}
+
+void gqa_score_topk_rows(const Exec& x, const ScoreRowsParams& sp, const GqaRowsParams& gp, const float* q,
+                         const uint8_t* const* plane0, const uint8_t* const* plane1, const StepRanges* ranges,
+                         int kmax, float* scores, int32_t* out) {
+  if (!gqa_score_topk_fuses(sp, gp)) {
+    kvtier::cuda::score_rows(x, sp, q, plane0, plane1, ranges, scores);
+    kvtier::cuda::gqa_topk_rows(x, gp, scores, ranges, kmax, out);
+    return;
+  }
+  const int64_t n_rows = int64_t(gp.n_seq) * gp.n_kv_head;
+  if (n_rows == 0) return;
+  KVT_CHECK(kmax > 0 && n_rows * gp.n_q < 65536, "gqa_score_topk_rows: kmax {}, {} rows of {} queries", kmax, n_rows,
+            gp.n_q);
+  KVT_CHECK(reinterpret_cast<uintptr_t>(gp.topk_scratch) % 16 == 0, "gqa_score_topk_rows: needs 16-byte aligned scratch");
+  const FusedView v = fused_view(gp.topk_scratch, n_rows, gp.n_q);
+  static const bool thr_attr = [] {
+    KVT_CUDA_CHECK(cudaFuncSetAttribute(keep_threshold_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(kThrSmem)));
+    return true;
+  }();
+  (void)thr_attr;
+  keep_threshold_kernel<<<unsigned(n_rows), kThrThreads, kThrSmem, st(x)>>>(sp, kmax, sp.fmt.spec.uniform_levels != 0, q,
+                                                                     plane0, plane1, ranges, v, gp.keep_test_bias);
+  KVT_CUDA_LAUNCH_CHECK("keep_threshold_kernel");
+  ScoreRowsParams s1 = sp;
+  s1.keep = TopkKeep{1, v.mode, v.theta, v.count, v.nblk, v.ids, v.kept};
+  kvtier::cuda::score_rows(x, s1, q, plane0, plane1, ranges, scores);
+  static const bool attr = [] {
+    KVT_CUDA_CHECK(cudaFuncSetAttribute(fused_kept_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(kFusedMaxRow / 8)));
+    return true;
+  }();
+  (void)attr;
+  const size_t smem = size_t((gp.in_stride + 31) / 32) * 4;
+  const score_detail::GqaPartials part = score_detail::gqa_partials(gp.scratch, n_rows * gp.n_q);
+  fused_kept_kernel<<<unsigned(n_rows), kKeptThreads, smem, st(x)>>>(gp.n_kv_head, kmax, gp.n_q, part, ranges, v,
+                                                                      out);
+  KVT_CUDA_LAUNCH_CHECK("fused_kept_kernel");
+  s1.keep.pass = 2;  // the rows it gave up on, in full
+  kvtier::cuda::score_rows(x, s1, q, plane0, plane1, ranges, scores);
+  TopkSource src;
+  src.scores = scores;
+  src.stride = gp.in_stride;
+  src.n_q = gp.n_q;
+  src.gp = part;
+  launch_topk<true>(x, n_rows, gp.n_kv_head, kmax, src, ranges, v.mode, out);
 }
 
 std::vector<int32_t> gqa_topk_row_paths(const Exec& x, const void* topk_scratch, int64_t n_rows) {
