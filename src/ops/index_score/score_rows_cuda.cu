@@ -535,7 +535,9 @@ constexpr size_t k16Smem = size_t(256) * kGridCopies * 8 + size_t(k16Threads / 3
 // the record of token cand[row][i], read where it lies; the launch without
 // BY_ID then skips those rows. The ids of a span are loaded a span ahead of
 // its copy, so that their latency hides behind a span's products.
-template <bool BY_ID>
+// KEEP: the instantiation that takes TopkKeep's passes (gqa_score_topk_rows);
+// without it the keep path compiles away.
+template <bool BY_ID, bool KEEP>
 __global__ void __launch_bounds__(k16Threads, 3) higgs2_mma16_kernel(ScoreRowsParams p, int q0, int nq,
                                                                      const float* __restrict__ q,
                                                                      const uint8_t* const* __restrict__ codes_rows,
@@ -548,9 +550,9 @@ __global__ void __launch_bounds__(k16Threads, 3) higgs2_mma16_kernel(ScoreRowsPa
   uint2* g16 = reinterpret_cast<uint2*>(mma_smem);  // [code][copy]: the point's 4 dims as two half2
   const int64_t row = blockIdx.y;
   if (p.cand && BY_ID == bool(ranges[row / p.n_kv_head].fresh)) return;  // the other launch's row
-  const int kmode = p.keep.pass ? p.keep.mode[row] : 0;
-  if (p.keep.pass == 2 && kmode != 4) return;  // the rerun: only the rows the fused top-k gave up on
-  const bool keeping = !BY_ID && p.keep.pass == 1 && kmode == 1;
+  const int kmode = KEEP ? p.keep.mode[row] : 0;
+  if (KEEP && p.keep.pass == 2 && kmode != 4) return;  // the rerun: only the rows the fused top-k gave up on
+  const bool keeping = KEEP && !BY_ID && p.keep.pass == 1 && kmode == 1;
   __shared__ uint32_t s_kept;
   if (keeping)
     keep_start(p.keep, row, int64_t(blockIdx.x) * (k16Threads / 32) * k16Span <
@@ -755,6 +757,7 @@ __device__ __forceinline__ void mma_u8s8(int (&d)[4], const uint32_t (&a)[4], ui
 
 // Scores queries [q0, q0 + nq) of each row, nq ≤ 8; grid: the U4 levels
 // (level 2 is the half step h).
+template <bool KEEP>  // as higgs2_mma16_kernel's
 __global__ void __launch_bounds__(kU4Threads, 3) u4_imma_kernel(ScoreRowsParams p, int q0, int nq,
                                                                 const float* __restrict__ q,
                                                                 const uint8_t* const* __restrict__ codes_rows,
@@ -765,9 +768,9 @@ __global__ void __launch_bounds__(kU4Threads, 3) u4_imma_kernel(ScoreRowsParams 
   constexpr int kT = kU4Span / 16;  // tiles per span
   extern __shared__ __align__(16) uint8_t u4_smem[];
   const int64_t row = blockIdx.y;
-  const int kmode = p.keep.pass ? p.keep.mode[row] : 0;
-  if (p.keep.pass == 2 && kmode != 4) return;  // the rerun: only the rows the fused top-k gave up on
-  const bool keeping = p.keep.pass == 1 && kmode == 1;
+  const int kmode = KEEP ? p.keep.mode[row] : 0;
+  if (KEEP && p.keep.pass == 2 && kmode != 4) return;  // the rerun: only the rows the fused top-k gave up on
+  const bool keeping = KEEP && p.keep.pass == 1 && kmode == 1;
   const StepRanges& srow = ranges[row / p.n_kv_head];
   const Range rg = score_range(p, srow);
   __shared__ uint32_t s_kept;
@@ -1223,9 +1226,14 @@ void score_rows(const Exec& x, const ScoreRowsParams& p, const float* q, const u
   if (p.layout == IndexRecLayout::planar_higgs2 && p.fmt.spec.uniform_levels) {  // U4: the int8 scorer
     KVT_CHECK(p.head_dim == 128 && p.fmt.grid && p.fmt.spec.grid_size == 4,
               "score_rows: the planar U<n> index is U4 at head_dim 128");
-    for (int q0 = 0; q0 < p.n_q; q0 += kU4MaxQ)
-      launch_planar_mma<u4_imma_kernel, kU4Threads, kU4Smem>(x, p, q0, std::min(kU4MaxQ, p.n_q - q0), q, plane0,
-                                                             plane1, ranges, scores, "launch of u4_imma_kernel");
+    for (int q0 = 0; q0 < p.n_q; q0 += kU4MaxQ) {
+      if (p.keep.pass)
+        launch_planar_mma<u4_imma_kernel<true>, kU4Threads, kU4Smem>(
+            x, p, q0, std::min(kU4MaxQ, p.n_q - q0), q, plane0, plane1, ranges, scores, "launch of u4_imma_kernel");
+      else
+        launch_planar_mma<u4_imma_kernel<false>, kU4Threads, kU4Smem>(
+            x, p, q0, std::min(kU4MaxQ, p.n_q - q0), q, plane0, plane1, ranges, scores, "launch of u4_imma_kernel");
+    }
     return;
   }
   if (p.layout == IndexRecLayout::planar_higgs2) {
@@ -1239,10 +1247,14 @@ void score_rows(const Exec& x, const ScoreRowsParams& p, const float* q, const u
         break;
       case PlanarScorer::mma16:
         for (int q0 = 0; q0 < p.n_q; q0 += 4) {
-          launch_planar_mma<higgs2_mma16_kernel<false>, k16Threads, k16Smem>(
-              x, p, q0, std::min(4, p.n_q - q0), q, plane0, plane1, ranges, scores, "launch of higgs2_mma16_kernel");
+          if (p.keep.pass)
+            launch_planar_mma<higgs2_mma16_kernel<false, true>, k16Threads, k16Smem>(
+                x, p, q0, std::min(4, p.n_q - q0), q, plane0, plane1, ranges, scores, "launch of higgs2_mma16_kernel");
+          else
+            launch_planar_mma<higgs2_mma16_kernel<false, false>, k16Threads, k16Smem>(
+                x, p, q0, std::min(4, p.n_q - q0), q, plane0, plane1, ranges, scores, "launch of higgs2_mma16_kernel");
           if (p.cand)  // the rows that rescore candidates, by id
-            launch_planar_mma<higgs2_mma16_kernel<true>, k16Threads, k16Smem>(
+            launch_planar_mma<higgs2_mma16_kernel<true, false>, k16Threads, k16Smem>(
                 x, p, q0, std::min(4, p.n_q - q0), q, plane0, plane1, ranges, scores,
                 "launch of higgs2_mma16_kernel (by id)");
         }
