@@ -304,6 +304,22 @@ void higgs_score_group4(const Grouped& l, const HiggsGrid& grid, const float* qr
   }
 }
 
+// Σ over a group's code bytes of their table entries (4 queries' sums),
+// in two independent chains; CB > 0 fixes the byte count (unrolled).
+template <int CB>
+__m128i u4_byte_sums4(const uint8_t* cg, const int32_t* lg, int n_bytes) {
+  const int nb = CB > 0 ? CB : n_bytes;
+  __m128i a0 = _mm_setzero_si128(), a1 = _mm_setzero_si128();
+  int b = 0;
+#pragma GCC unroll 16
+  for (; b + 2 <= nb; b += 2) {
+    a0 = _mm_add_epi32(a0, _mm_loadu_si128(reinterpret_cast<const __m128i*>(lg + (b * 256 + cg[b]) * 4)));
+    a1 = _mm_add_epi32(a1, _mm_loadu_si128(reinterpret_cast<const __m128i*>(lg + ((b + 1) * 256 + cg[b + 1]) * 4)));
+  }
+  if (b < nb) a0 = _mm_add_epi32(a0, _mm_loadu_si128(reinterpret_cast<const __m128i*>(lg + (b * 256 + cg[b]) * 4)));
+  return _mm_add_epi32(a0, a1);
+}
+
 // A U<n> grid's scores (quant_format.h): per query and group the int8
 // query (qdev::uniform_query), then per record integer sums. With 2-bit
 // codes a table of Σ q8·c per code byte position and byte value turns a
@@ -324,6 +340,42 @@ void uniform_score_cpu(const QuantSpec& s, const Grouped& l, const float* qr, co
     sums[size_t(jg)] = sum;
   }
   const bool bytes = l.bits == 2 && l.n_code % 4 == 0;
+  if (bytes && p.n_q <= 4) {
+    // [group, code byte, 256, 4]: a byte's Σ q8·c for each query side by
+    // side (query j in lane j), so one 16-byte load per stored byte serves
+    // the whole GQA group, as higgs_score_group4's table does.
+    const int64_t n_pos = int64_t(l.n_group) * l.code_bytes;
+    std::vector<int32_t> lut4(size_t(n_pos) * 256 * 4, 0);
+    for (int j = 0; j < p.n_q; ++j)
+      for (int g = 0; g < l.n_group; ++g)
+        for (int b = 0; b < int(l.code_bytes); ++b) {
+          const int32_t* qb = q8.data() + (int64_t(j) * l.n_group + g) * G + 4 * b;
+          int32_t* e = lut4.data() + (int64_t(g) * l.code_bytes + b) * 256 * 4 + j;
+          for (int v = 0; v < 256; ++v)
+            e[4 * v] = qb[0] * (v & 3) + qb[1] * ((v >> 2) & 3) + qb[2] * ((v >> 4) & 3) + qb[3] * ((v >> 6) & 3);
+        }
+    std::vector<int32_t> dot4(size_t(l.n_group) * 4);
+    for (int64_t i = 0; i < p.n_vec; ++i) {
+      const uint8_t* rec = p.codes + i * stride;
+      for (int g = 0; g < l.n_group; ++g) {
+        const uint8_t* cg = rec + size_t(g) * l.code_bytes;
+        const int32_t* lg = lut4.data() + int64_t(g) * l.code_bytes * 256 * 4;
+        const __m128i acc = l.code_bytes == 32 ? u4_byte_sums4<32>(cg, lg, 32) : u4_byte_sums4<0>(cg, lg, int(l.code_bytes));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dot4.data() + size_t(g) * 4), acc);
+      }
+      for (int j = 0; j < p.n_q; ++j) {
+        float total = 0;
+        for (int g = 0; g < l.n_group; ++g) {
+          const int64_t jg = int64_t(j) * l.n_group + g;
+          const float sigma = bf16_to_f32(load_u16(rec + l.meta_offset + 2 * size_t(g)));
+          total = qdev::f_add(total, qdev::uniform_group_score(sigma, uq[size_t(jg)], dot4[size_t(g) * 4 + j],
+                                                               sums[size_t(jg)], n));
+        }
+        p.scores[int64_t(j) * score_stride_of(p) + i] = total;
+      }
+    }
+    return;
+  }
   std::vector<int32_t> lut;  // [n_q · n_group][code_bytes][256]: Σ q8·c over a byte's 4 codes
   if (bytes) {
     lut.resize(size_t(n_qg * l.code_bytes) * 256);
