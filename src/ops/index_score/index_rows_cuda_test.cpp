@@ -845,6 +845,48 @@ TEST(IndexRowsCuda, GqaTopkMatchesGqaThenTopk) {
   }
 }
 
+// The sampled path over many long rows at once: 96 rows of 60k–140k
+// candidates (15–35 filter blocks each), three calls on the same scratch
+// (nothing of one call's filter or kept state may leak into the next),
+// against the cluster kernel's picks; every row finishes on the path.
+TEST(IndexRowsCuda, GqaTopkSampledPathOverManyLongRows) {
+  KVT_REQUIRE_GPU();
+  Device dev(DeviceKind::cuda);
+  const Exec& x = dev.exec();
+  std::mt19937 rng(23);
+  std::normal_distribution<float> nd;
+  const int H = 2, n_q = 4, kmax = 4096, n_seq = 48;
+  std::vector<int64_t> n;
+  for (int s = 0; s < n_seq; ++s) n.push_back(60000 + int64_t(rng() % 80000));
+  const std::vector<int32_t> budget(static_cast<size_t>(n_seq), 4096);
+  const int64_t rows = int64_t(n_seq) * H, stride = 140064;
+  StepPlanParams sp{n_seq, 1, 1, 4, 64, 64, kmax};
+  cuda::DeviceBuffer d_ranges;
+  const auto ranges = ranges_for(sp, n, budget, x, &d_ranges);
+  std::vector<float> raw(size_t(rows) * n_q * stride);
+  for (float& v : raw) v = 2.f * nd(rng);
+  GqaRowsParams gp{n_seq, H, n_q, stride, stride};
+  cuda::DeviceBuffer d_gs(size_t(gqa_rows_scratch_bytes(rows, n_q)));
+  gp.scratch = d_gs.data();
+  auto d_raw = to_device(raw);
+  cuda::DeviceBuffer d_agg(size_t(rows) * stride * 4), d_top(size_t(rows) * kmax * 4);
+  gqa_rows(x, gp, d_raw.data<float>(), d_ranges.data<StepRanges>(), d_agg.data<float>());
+  topk_rows(x, rows, H, stride, kmax, d_agg.data<float>(), d_ranges.data<StepRanges>(), d_top.data<int32_t>());
+  const auto want = to_host<int32_t>(d_top, size_t(rows) * kmax);
+  cuda::DeviceBuffer d_ts(size_t(gqa_topk_scratch_bytes(rows, n_q, stride)));
+  poison(d_ts);
+  gp.topk_scratch = d_ts.data();
+  for (int call = 0; call < 3; ++call) {
+    cuda::DeviceBuffer d_got(size_t(rows) * kmax * 4);
+    poison(d_got);
+    gqa_topk_rows(x, gp, d_raw.data<float>(), d_ranges.data<StepRanges>(), kmax, nullptr, d_got.data<int32_t>());
+    sync(x);
+    EXPECT_EQ(to_host<int32_t>(d_got, want.size()), want) << "call " << call;
+    const auto paths = cuda::gqa_topk_row_paths(x, d_ts.data(), rows);
+    EXPECT_EQ(std::count(paths.begin(), paths.end(), 2), rows) << "call " << call;
+  }
+}
+
 // After the sampled path, the cluster top-k runs as many clusters as fit at
 // once, each passing over rows: 120 rows, half of them (20,000 candidates at
 // k = 4,096, too dense for the sample) left to it, more than the clusters
