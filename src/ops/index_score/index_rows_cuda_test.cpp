@@ -760,6 +760,18 @@ TEST(IndexRowsCuda, TopkOnEdgeDistributionsMatchesCpu) {
         << "distribution " << s;
 }
 
+// The picks of the unfused GPU path for raw scores on the device: gqa_rows'
+// aggregate row (poisoned first), then topk_rows over it.
+std::vector<int32_t> gqa_then_topk(const Exec& x, const GqaRowsParams& gp, const float* d_raw,
+                                   const StepRanges* d_ranges, int kmax) {
+  const int64_t rows = int64_t(gp.n_seq) * gp.n_kv_head;
+  cuda::DeviceBuffer d_agg(size_t(rows) * gp.out_stride * 4), d_top(size_t(rows) * kmax * 4);
+  poison(d_agg);
+  gqa_rows(x, gp, d_raw, d_ranges, d_agg.data<float>());
+  topk_rows(x, rows, gp.n_kv_head, gp.out_stride, kmax, d_agg.data<float>(), d_ranges, d_top.data<int32_t>());
+  return to_host<int32_t>(d_top, size_t(rows) * kmax);
+}
+
 // gqa_topk_rows (the aggregate read inside the top-k, never written) picks
 // exactly what gqa_rows then topk_rows pick on the GPU: ragged rows, rows
 // that select everything, ties on a coarse grid, −inf, rows of two tiles per
@@ -797,11 +809,7 @@ TEST(IndexRowsCuda, GqaTopkMatchesGqaThenTopk) {
     gp.scratch = d_gs.data();
     auto d_raw = to_device(raw);
     // Unfused on the GPU: the aggregate row, then its top-k.
-    cuda::DeviceBuffer d_agg(size_t(rows) * stride * 4), d_top(size_t(rows) * kmax * 4);
-    poison(d_agg);
-    gqa_rows(x, gp, d_raw.data<float>(), d_ranges.data<StepRanges>(), d_agg.data<float>());
-    topk_rows(x, rows, H, stride, kmax, d_agg.data<float>(), d_ranges.data<StepRanges>(), d_top.data<int32_t>());
-    const auto want = to_host<int32_t>(d_top, size_t(rows) * kmax);
+    const auto want = gqa_then_topk(x, gp, d_raw.data<float>(), d_ranges.data<StepRanges>(), kmax);
     // Fused, with the partials left by gqa_rows (as a scorer leaves them) and
     // computed anew; by the cluster top-k alone, and with the sampled filter first.
     cuda::DeviceBuffer d_ts(size_t(gqa_topk_scratch_bytes(rows, n_q, stride)));
@@ -869,10 +877,7 @@ TEST(IndexRowsCuda, GqaTopkSampledPathOverManyLongRows) {
   cuda::DeviceBuffer d_gs(size_t(gqa_rows_scratch_bytes(rows, n_q)));
   gp.scratch = d_gs.data();
   auto d_raw = to_device(raw);
-  cuda::DeviceBuffer d_agg(size_t(rows) * stride * 4), d_top(size_t(rows) * kmax * 4);
-  gqa_rows(x, gp, d_raw.data<float>(), d_ranges.data<StepRanges>(), d_agg.data<float>());
-  topk_rows(x, rows, H, stride, kmax, d_agg.data<float>(), d_ranges.data<StepRanges>(), d_top.data<int32_t>());
-  const auto want = to_host<int32_t>(d_top, size_t(rows) * kmax);
+  const auto want = gqa_then_topk(x, gp, d_raw.data<float>(), d_ranges.data<StepRanges>(), kmax);
   cuda::DeviceBuffer d_ts(size_t(gqa_topk_scratch_bytes(rows, n_q, stride)));
   poison(d_ts);
   gp.topk_scratch = d_ts.data();
@@ -911,10 +916,7 @@ TEST(IndexRowsCuda, GqaTopkClustersPassOverMoreRowsThanFit) {
   cuda::DeviceBuffer d_gs(size_t(gqa_rows_scratch_bytes(rows, n_q)));
   gp.scratch = d_gs.data();
   auto d_raw = to_device(raw);
-  cuda::DeviceBuffer d_agg(size_t(rows) * stride * 4), d_top(size_t(rows) * kmax * 4);
-  gqa_rows(x, gp, d_raw.data<float>(), d_ranges.data<StepRanges>(), d_agg.data<float>());
-  topk_rows(x, rows, H, stride, kmax, d_agg.data<float>(), d_ranges.data<StepRanges>(), d_top.data<int32_t>());
-  const auto want = to_host<int32_t>(d_top, size_t(rows) * kmax);
+  const auto want = gqa_then_topk(x, gp, d_raw.data<float>(), d_ranges.data<StepRanges>(), kmax);
   cuda::DeviceBuffer d_ts(size_t(gqa_topk_scratch_bytes(rows, n_q, stride)));
   poison(d_ts);
   gp.topk_scratch = d_ts.data();
