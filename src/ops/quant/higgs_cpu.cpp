@@ -354,25 +354,33 @@ void uniform_score_cpu(const QuantSpec& s, const Grouped& l, const float* qr, co
           for (int v = 0; v < 256; ++v)
             e[4 * v] = qb[0] * (v & 3) + qb[1] * ((v >> 2) & 3) + qb[2] * ((v >> 4) & 3) + qb[3] * ((v >> 6) & 3);
         }
-    std::vector<int32_t> dot4(size_t(l.n_group) * 4);
+    // Per group the queries' factors and (n − 1)·Σ q8 side by side: a score
+    // is (σ·factor)·float(2·dot − (n − 1)·sum), the same IEEE operations as
+    // qdev::uniform_group_score, four queries at once.
+    std::vector<float> factor4(size_t(l.n_group) * 4, 0.f);
+    std::vector<int32_t> nsum4(size_t(l.n_group) * 4, 0);
+    for (int j = 0; j < p.n_q; ++j)
+      for (int g = 0; g < l.n_group; ++g) {
+        const size_t jg = size_t(j) * l.n_group + g;
+        factor4[size_t(g) * 4 + j] = uq[jg].factor;
+        nsum4[size_t(g) * 4 + j] = (n - 1) * sums[jg];
+      }
     for (int64_t i = 0; i < p.n_vec; ++i) {
       const uint8_t* rec = p.codes + i * stride;
+      __m128 total = _mm_setzero_ps();
       for (int g = 0; g < l.n_group; ++g) {
         const uint8_t* cg = rec + size_t(g) * l.code_bytes;
         const int32_t* lg = lut4.data() + int64_t(g) * l.code_bytes * 256 * 4;
-        const __m128i acc = l.code_bytes == 32 ? u4_byte_sums4<32>(cg, lg, 32) : u4_byte_sums4<0>(cg, lg, int(l.code_bytes));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(dot4.data() + size_t(g) * 4), acc);
+        const __m128i dot = l.code_bytes == 32 ? u4_byte_sums4<32>(cg, lg, 32) : u4_byte_sums4<0>(cg, lg, int(l.code_bytes));
+        const __m128i in = _mm_sub_epi32(_mm_slli_epi32(dot, 1),
+                                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(nsum4.data() + size_t(g) * 4)));
+        const __m128 sf = _mm_mul_ps(_mm_set1_ps(bf16_to_f32(load_u16(rec + l.meta_offset + 2 * size_t(g)))),
+                                     _mm_loadu_ps(factor4.data() + size_t(g) * 4));
+        total = _mm_add_ps(total, _mm_mul_ps(sf, _mm_cvtepi32_ps(in)));
       }
-      for (int j = 0; j < p.n_q; ++j) {
-        float total = 0;
-        for (int g = 0; g < l.n_group; ++g) {
-          const int64_t jg = int64_t(j) * l.n_group + g;
-          const float sigma = bf16_to_f32(load_u16(rec + l.meta_offset + 2 * size_t(g)));
-          total = qdev::f_add(total, qdev::uniform_group_score(sigma, uq[size_t(jg)], dot4[size_t(g) * 4 + j],
-                                                               sums[size_t(jg)], n));
-        }
-        p.scores[int64_t(j) * score_stride_of(p) + i] = total;
-      }
+      alignas(16) float t4[4];
+      _mm_store_ps(t4, total);
+      for (int j = 0; j < p.n_q; ++j) p.scores[int64_t(j) * score_stride_of(p) + i] = t4[j];
     }
     return;
   }
