@@ -103,7 +103,9 @@ TEST(HiggsUniform, ScoresAreTheInt8DefinitionAndCloseToTheDequantizedDot) {
     int dim, n_q;
     int64_t n_vec;
   };
+  // (U4 with more than 4 queries takes the per-query table instead of the side-by-side one.)
   for (const Case c : {Case{"higgs:U4:g128", 128, 4, 300}, Case{"higgs:U4:g128:rs", 256, 3, 40},
+                       Case{"higgs:U4:g128", 128, 6, 300},
                        Case{"higgs:U8:g64", 128, 2, 50}, Case{"higgs:U16", 64, 1, 20}, Case{"higgs:U2:g32", 64, 2, 30}}) {
     SCOPED_TRACE(c.spec);
     const QuantSpec s = parse_quant_spec(c.spec);
