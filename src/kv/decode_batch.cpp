@@ -47,6 +47,7 @@ void DecodeBatch::build_tables() {
     kmax_chunk_ = std::max(kmax_chunk_, s->kmax_tokens() / plan_.chunk);
     score_stride_ = std::max(score_stride_, s->stats_row());
   }
+  score_stride_ = (score_stride_ + 3) / 4 * 4;  // rows of scores 16-byte aligned (the mma16 scorer's vector stores)
   n_res_slots_ = int(seqs_[0]->resident_slots());
   n_out_ = plan_.n_outlier_tok / plan_.chunk;
   n_split_ = plan_.in_place ? record_attn_splits(x_, R, kmax_tok_) : decode_attn_splits(x_, R, kmax_tok_, 128);

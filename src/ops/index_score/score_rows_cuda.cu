@@ -454,8 +454,9 @@ __global__ void __launch_bounds__(kMmaThreads, 2) higgs2_mma_kernel(ScoreRowsPar
 // against 34 bytes of codes and scale from HBM); this one takes 0.89× the
 // time (bench/results/gpu/batch/README.md, run12).
 // TopkKeep pass 1 (gqa_score_topk_rows), a span's epilogue: lane (gr, x)
-// holds NQL queries' scores v[e][i] of token w0 + 8i + gr (−inf past the
-// row), the lanes of the same gr the token's other queries. A candidate
+// holds NQL queries' scores v[e][i] of token w0 + 8i + gr (CONSEC: of token
+// w0 + 8gr + i; −inf past the row), the lanes of the same gr the token's
+// other queries. A candidate
 // (c_lo ≤ chunk < c_hi) that some query scores ≥ its θ (th, +inf for no
 // query) is appended to the block's region of the row's kept list: its
 // chunk id and every query's score, at slots a shared-memory counter
@@ -470,7 +471,7 @@ __device__ __forceinline__ KeepRegion keep_region(const TopkKeep& k, int64_t row
   const int64_t at = int64_t(blockIdx.x) * cap;
   return {k.ids + row * kTopkKeepSlots + at, k.kept + row * n_q * kTopkKeepSlots + at, cap};
 }
-template <int NQL>
+template <int NQL, bool CONSEC>
 __device__ __forceinline__ void keep_span(const TopkKeep& k, int64_t row, int n_q, uint32_t* s_kept, int64_t c0,
                                           int w0, const StepRanges* sr, const float (&v)[NQL][8],
                                           const int (&qi)[NQL], const float (&th)[NQL], int lane) {
@@ -479,7 +480,7 @@ __device__ __forceinline__ void keep_span(const TopkKeep& k, int64_t row, int n_
   uint32_t m = 0;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const int64_t c = c0 + w0 + 8 * i + gr;
+    const int64_t c = c0 + w0 + (CONSEC ? 8 * gr + i : 8 * i + gr);
     bool reach = false;
 #pragma unroll
     for (int e = 0; e < NQL; ++e) reach |= v[e][i] >= th[e];
@@ -504,7 +505,7 @@ __device__ __forceinline__ void keep_span(const TopkKeep& k, int64_t row, int n_
     if (!(m >> i & 1u)) continue;
     const uint32_t slot = base + uint32_t(__popc(m & ((1u << i) - 1u)));
     if (slot >= kr.cap) continue;
-    if ((lane & 3) == 0) kr.ids[slot] = int32_t(c0 + w0 + 8 * i + gr);
+    if ((lane & 3) == 0) kr.ids[slot] = int32_t(c0 + w0 + (CONSEC ? 8 * gr + i : 8 * i + gr));
 #pragma unroll
     for (int e = 0; e < NQL; ++e)
       if (qi[e] >= 0) kr.kept[int64_t(qi[e]) * kTopkKeepSlots + slot] = v[e][i];
@@ -526,8 +527,8 @@ __device__ __forceinline__ void keep_start(const TopkKeep& k, int64_t row, bool 
 }
 
 constexpr int k16Threads = 256;
-constexpr int k16Span = 64;                  // a warp's tokens per iteration
-constexpr int k16StageBytes = k16Span * 32;  // codes
+constexpr int k16Span = 64;                             // a warp's tokens per iteration
+constexpr int k16StageBytes = (k16Span + k16Span / 8) * 32;  // codes: 8 tokens, then 32 bytes of padding
 constexpr size_t k16Smem = size_t(256) * kGridCopies * 8 + size_t(k16Threads / 32) * 2 * k16StageBytes;
 
 // BY_ID (ScoreRowsParams::cand): the launch scores only the rows that
@@ -545,7 +546,7 @@ __global__ void __launch_bounds__(k16Threads, 3) higgs2_mma16_kernel(ScoreRowsPa
                                                                      const StepRanges* __restrict__ ranges,
                                                                      const float* __restrict__ grid,
                                                                      float* __restrict__ scores) {
-  constexpr int kT = k16Span / 16;  // tiles per span
+  constexpr int kT = k16Span / 16;  // products per span
   extern __shared__ __align__(16) uint8_t mma_smem[];
   uint2* g16 = reinterpret_cast<uint2*>(mma_smem);  // [code][copy]: the point's 4 dims as two half2
   const int64_t row = blockIdx.y;
@@ -583,7 +584,10 @@ __global__ void __launch_bounds__(k16Threads, 3) higgs2_mma16_kernel(ScoreRowsPa
   const uint8_t* codes = codes_rows[row] + rg.c0 * 32;
   const uint16_t* scales = reinterpret_cast<const uint16_t*>(scale_rows[row]) + rg.c0;
   const int32_t* ids = BY_ID ? p.cand[row] + rg.c0 : nullptr;  // BY_ID: chunk i is token ids[i]
-  float* out = scores + (row * p.n_q + q0 + (has_q ? xc : 0)) * p.out_stride + gr;
+  // This lane's scores: tokens 8gr .. 8gr + 7 of a span; 16-byte stores
+  // where the rows' stride keeps them aligned.
+  float* out = scores + (row * p.n_q + q0 + (has_q ? xc : 0)) * p.out_stride + 8 * gr;
+  const bool vec_out = (p.out_stride & 3) == 0 && (reinterpret_cast<uintptr_t>(scores) & 15) == 0;
   const uint32_t gcopy = uint32_t(__cvta_generic_to_shared(g16)) + uint32_t(lane & (kGridCopies - 1)) * 8u;
   const int warp = int(threadIdx.x >> 5);
   const uint32_t ring = uint32_t(__cvta_generic_to_shared(mma_smem)) + 256u * kGridCopies * 8u +
@@ -599,52 +603,55 @@ __global__ void __launch_bounds__(k16Threads, 3) higgs2_mma16_kernel(ScoreRowsPa
     }
   };
   // Span w → stage st: lane l copies 16-byte pieces l, l + 32, l + 64, l + 96
-  // (chunk w + piece / 2), zero-filled past the row's end.
+  // (chunk w + piece / 2, i.e. span token 16i + l / 2, at its padded place),
+  // zero-filled past the row's end.
+  const uint32_t copy_lane = uint32_t(((lane >> 1) + (lane >> 4)) * 32 + (lane & 1) * 16);
   auto issue = [&](int w, uint32_t st, const int32_t (&id)[kT]) {
-    const uint32_t dst = ring + st * k16StageBytes + uint32_t(lane) * 16u;
+    const uint32_t dst = ring + st * k16StageBytes + copy_lane;
     if (BY_ID) {
 #pragma unroll
       for (int i = 0; i < kT; ++i) {
         const bool in = w + 16 * i + (lane >> 1) < n;
-        cp_async16(dst + i * 512, codes + int64_t(id[i]) * 32 + (lane & 1) * 16, in ? 16 : 0);
+        cp_async16(dst + i * 576, codes + int64_t(id[i]) * 32 + (lane & 1) * 16, in ? 16 : 0);
       }
     } else {
       const uint8_t* src = codes + int64_t(w) * 32 + lane * 16;
       if (w + k16Span <= n) {
 #pragma unroll
-        for (int i = 0; i < kT; ++i) cp_async16(dst + i * 512, src + i * 512, 16);
+        for (int i = 0; i < kT; ++i) cp_async16(dst + i * 576, src + i * 512, 16);
       } else {
 #pragma unroll
         for (int i = 0; i < kT; ++i) {
           const bool in = w + 16 * i + (lane >> 1) < n;
-          cp_async16(dst + i * 512, in ? src + i * 512 : codes, in ? 16 : 0);
+          cp_async16(dst + i * 576, in ? src + i * 512 : codes, in ? 16 : 0);
         }
       }
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");
   };
-  // Span w's bf16 scales of this lane's chunks w + 16u + gr (low half of
-  // sc[u]) and w + 16u + 8 + gr (high half); 0 past the row's end. BY_ID:
-  // their token ids are lane 2gr's and lane 16 + 2gr's id[u].
-  auto load_scales = [&](int w, uint32_t (&sc)[kT], const int32_t (&id)[kT]) {
+  // Span w's bf16 scales of product u's tokens: w + 8gr + 2u (low half of
+  // sc[u]) and w + 8gr + 2u + 1 (high half); 0 past the row's end. BY_ID:
+  // of tokens ids[w + 8gr + 2u], ids[w + 8gr + 2u + 1].
+  auto load_scales = [&](int w, uint32_t (&sc)[kT]) {
+    const int t0 = w + 8 * gr;
     if (BY_ID) {
 #pragma unroll
       for (int u = 0; u < kT; ++u) {
-        const int t = w + 16 * u + gr;
-        const int32_t lo = __shfl_sync(0xffffffffu, id[u], 2 * gr), hi = __shfl_sync(0xffffffffu, id[u], 16 + 2 * gr);
-        sc[u] = (t < n ? uint32_t(__ldg(scales + lo)) : 0u) | (t + 8 < n ? uint32_t(__ldg(scales + hi)) << 16 : 0u);
+        const int t = t0 + 2 * u;
+        const int32_t lo = t < n ? __ldg(ids + t) : -1, hi = t + 1 < n ? __ldg(ids + t + 1) : -1;
+        sc[u] = (lo >= 0 ? uint32_t(__ldg(scales + lo)) : 0u) | (hi >= 0 ? uint32_t(__ldg(scales + hi)) << 16 : 0u);
       }
       return;
     }
-    const uint16_t* s = scales + w + gr;
+    const uint16_t* s = scales + t0;
     if (w + k16Span <= n) {
 #pragma unroll
-      for (int u = 0; u < kT; ++u) sc[u] = uint32_t(__ldg(s + 16 * u)) | (uint32_t(__ldg(s + 16 * u + 8)) << 16);
+      for (int u = 0; u < kT; ++u) sc[u] = uint32_t(__ldg(s + 2 * u)) | (uint32_t(__ldg(s + 2 * u + 1)) << 16);
     } else {
 #pragma unroll
       for (int u = 0; u < kT; ++u) {
-        const int t = w + 16 * u + gr;
-        sc[u] = (t < n ? uint32_t(__ldg(s + 16 * u)) : 0u) | (t + 8 < n ? uint32_t(__ldg(s + 16 * u + 8)) << 16 : 0u);
+        const int t = t0 + 2 * u;
+        sc[u] = (t < n ? uint32_t(__ldg(s + 2 * u)) : 0u) | (t + 1 < n ? uint32_t(__ldg(s + 2 * u + 1)) << 16 : 0u);
       }
     }
   };
@@ -657,8 +664,9 @@ __global__ void __launch_bounds__(k16Threads, 3) higgs2_mma16_kernel(ScoreRowsPa
     load_ids(w0 + step, id_next);
   }
   issue(w0, 0, id_cur);
-  load_scales(w0, sc_next, id_cur);
-  const uint32_t code_lane = uint32_t(gr * 32 + 8 * xc);
+  load_scales(w0, sc_next);
+  // Code bytes 8xc .. 8xc + 7 of span token 8gr (+ 2u, + 1), at its padded place.
+  const uint32_t code_lane = uint32_t(9 * gr * 32 + 8 * xc);
   for (uint32_t st = 0; w0 < n; w0 += step, st ^= 1u) {
     uint32_t sc[kT];
 #pragma unroll
@@ -672,52 +680,53 @@ __global__ void __launch_bounds__(k16Threads, 3) higgs2_mma16_kernel(ScoreRowsPa
         load_ids(w0 + 2 * step, id_next);
       }
       issue(w0 + step, st ^ 1u, id_cur);
-      load_scales(w0 + step, sc_next, id_cur);
+      load_scales(w0 + step, sc_next);
     }
     const uint32_t base = ring + st * k16StageBytes + code_lane;
-    float v[2 * kT];  // query xc's scores of tokens w0 + 8i + gr
+    float v[2 * kT];  // query xc's scores of tokens w0 + 8gr + i
 #pragma unroll
     for (int u = 0; u < kT; ++u) {
-      uint32_t cx0, cy0, cx1, cy1;  // code bytes 8xc .. 8xc + 7 of tokens w0 + 16u + gr, + 8
-      asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(cx0), "=r"(cy0) : "r"(base + 512 * u));
-      asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(cx1), "=r"(cy1) : "r"(base + 512 * u + 256));
+      uint32_t cx0, cy0, cx1, cy1;  // code bytes 8xc .. 8xc + 7 of tokens w0 + 8gr + 2u, + 1
+      asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(cx0), "=r"(cy0) : "r"(base + 64 * u));
+      asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(cx1), "=r"(cy1) : "r"(base + 64 * u + 32));
       float d[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
         const uint32_t sel = 0x4440u | uint32_t(kk & 3);
         const uint32_t at0 = gcopy + __byte_perm(kk < 4 ? cx0 : cy0, 0, sel) * (kGridCopies * 8u);
         const uint32_t at1 = gcopy + __byte_perm(kk < 4 ? cx1 : cy1, 0, sel) * (kGridCopies * 8u);
-        uint32_t a[4];  // token gr's k 2x, 2x+1; token gr + 8's; token gr's k 2x+8, 2x+9; token gr + 8's
+        uint32_t a[4];  // row gr's k 2x, 2x+1; row gr + 8's; row gr's k 2x+8, 2x+9; row gr + 8's
         asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(a[0]), "=r"(a[2]) : "r"(at0));
         asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(a[1]), "=r"(a[3]) : "r"(at1));
         mma_16816(d, a, b[kk][0], b[kk][1]);
       }
-      // d[0] + d[1]: query xc's score of token gr (high + low part); d[2] + d[3] of token gr + 8.
+      // d[0] + d[1]: query xc's score of row gr (high + low part); d[2] + d[3] of row gr + 8.
       v[2 * u] = __uint_as_float(sc[u] << 16) * (d[0] + d[1]);
       v[2 * u + 1] = __uint_as_float(sc[u] & 0xffff0000u) * (d[2] + d[3]);
+    }
+    const bool full = w0 + k16Span <= n;
+    if (!full) {
+#pragma unroll
+      for (int i = 0; i < 2 * kT; ++i)
+        if (w0 + 8 * gr + i >= n) v[i] = -INFINITY;
     }
     if (keeping) {  // every lane: the kept list instead of the scores
       float kv[1][2 * kT];
 #pragma unroll
-      for (int i = 0; i < 2 * kT; ++i) {
-        if (w0 + 8 * i + gr >= n) v[i] = -INFINITY;
-        kv[0][i] = v[i];
-      }
-      keep_span<1>(p.keep, row, p.n_q, &s_kept, rg.c0, w0, ranges + row / p.n_kv_head, kv, k_qi, k_th, lane);
+      for (int i = 0; i < 2 * kT; ++i) kv[0][i] = v[i];
+      keep_span<1, true>(p.keep, row, p.n_q, &s_kept, rg.c0, w0, ranges + row / p.n_kv_head, kv, k_qi, k_th, lane);
       if (has_q && gp.part) span_partials(lm, ls, v);
       continue;
     }
     if (!has_q) continue;
     float* op = out + w0;
-    if (w0 + k16Span <= n) {
-#pragma unroll
-      for (int i = 0; i < 2 * kT; ++i) op[8 * i] = v[i];
+    if (full && vec_out) {
+      reinterpret_cast<float4*>(op)[0] = make_float4(v[0], v[1], v[2], v[3]);
+      reinterpret_cast<float4*>(op)[1] = make_float4(v[4], v[5], v[6], v[7]);
     } else {
 #pragma unroll
-      for (int i = 0; i < 2 * kT; ++i) {
-        if (w0 + 8 * i + gr < n) op[8 * i] = v[i];
-        else v[i] = -INFINITY;
-      }
+      for (int i = 0; i < 2 * kT; ++i)
+        if (w0 + 8 * gr + i < n) op[i] = v[i];
     }
     if (gp.part) span_partials(lm, ls, v);  // one rescale per span
   }
@@ -922,7 +931,7 @@ __global__ void __launch_bounds__(kU4Threads, 3) u4_imma_kernel(ScoreRowsParams 
 #pragma unroll
         for (int i = 0; i < 2 * kT; ++i)
           if (!full && w0 + 8 * i + gr >= n) v[e][i] = -INFINITY;
-      keep_span<2>(p.keep, row, p.n_q, &s_kept, rg.c0, w0, ranges + row / p.n_kv_head, v, k_qi, k_th, lane);
+      keep_span<2, false>(p.keep, row, p.n_q, &s_kept, rg.c0, w0, ranges + row / p.n_kv_head, v, k_qi, k_th, lane);
 #pragma unroll
       for (int e = 0; e < 2; ++e)
         if (has_q[e] && gp.part) span_partials(lm[e], ls[e], v[e]);
