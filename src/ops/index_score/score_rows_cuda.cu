@@ -767,7 +767,7 @@ __device__ __forceinline__ void mma_u8s8(int (&d)[4], const uint32_t (&a)[4], ui
 // Scores queries [q0, q0 + nq) of each row, nq ≤ 8; grid: the U4 levels
 // (level 2 is the half step h).
 template <bool KEEP>  // as higgs2_mma16_kernel's
-__global__ void __launch_bounds__(kU4Threads, 3) u4_imma_kernel(ScoreRowsParams p, int q0, int nq,
+__global__ void __launch_bounds__(kU4Threads, 4) u4_imma_kernel(ScoreRowsParams p, int q0, int nq,
                                                                 const float* __restrict__ q,
                                                                 const uint8_t* const* __restrict__ codes_rows,
                                                                 const uint8_t* const* __restrict__ scale_rows,
