@@ -138,12 +138,16 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int32_t* ir = sel + r * p.idx_stride;
   const int chunks = EB >> 4, total = kTile * chunks;
 
-  // Issues the copies of tile `t`'s entries into stage `st`; returns its
-  // valid-token mask.
-  auto issue = [&](int t, int st) -> uint32_t {
+  // Tile `t`'s token id of lane l < kTile (−1: none). A tile's ids are
+  // loaded a turn before its copies are issued, so that their latency hides
+  // behind a tile's products.
+  auto load_tok = [&](int t) -> int32_t {
     const int64_t jt = j0 + int64_t(t) * kTile;
-    int64_t tok = -1;
-    if (lane < kTile && jt + lane < j1) tok = ir[jt + lane];
+    return t < n_tiles && lane < kTile && jt + lane < j1 ? __ldg(ir + jt + lane) : -1;
+  };
+  // Issues the copies of the entries of the tile whose ids are `tok` into
+  // stage `st`; returns its valid-token mask.
+  auto issue = [&](int32_t tok, int st) -> uint32_t {
     const uint32_t valid = __ballot_sync(0xffffffffu, tok >= 0);
     unsigned char* dst = ws + st * kTile * EB;
     for (int c0 = 0; c0 < total; c0 += 32) {
@@ -173,16 +177,19 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int st = 0; st < kStages - 1; ++st) {
     const int t = warp + st * kWarps;
     if (t < n_tiles) {
-      const uint32_t v = issue(t, st);
+      const uint32_t v = issue(load_tok(t), st);
       if (lane == 0) masks[st] = v;
     }
     cp_async_commit();
   }
   unsigned n_attended = 0;
+  int32_t tok_next = load_tok(warp + (kStages - 1) * kWarps);  // the ids of the tile issued next
   for (int t = warp, i = 0; t < n_tiles; t += kWarps, ++i) {
     const int tn = t + (kStages - 1) * kWarps, sn = (i + kStages - 1) % kStages;
+    const int32_t tok = tok_next;
+    tok_next = load_tok(tn + kWarps);
     if (tn < n_tiles) {
-      const uint32_t v = issue(tn, sn);
+      const uint32_t v = issue(tok, sn);
       if (lane == 0) masks[sn] = v;
     }
     cp_async_commit();
