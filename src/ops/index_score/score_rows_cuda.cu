@@ -529,6 +529,7 @@ __device__ __forceinline__ void keep_start(const TopkKeep& k, int64_t row, bool 
 constexpr int k16Threads = 256;
 constexpr int k16Span = 64;                             // a warp's tokens per iteration
 constexpr int k16StageBytes = (k16Span + k16Span / 8) * 32;  // codes: 8 tokens, then 32 bytes of padding
+constexpr int k16CopyStep = (16 + 2) * 32;  // a warp's cp.async round: 16 tokens and their 2 paddings
 constexpr size_t k16Smem = size_t(256) * kGridCopies * 8 + size_t(k16Threads / 32) * 2 * k16StageBytes;
 
 // BY_ID (ScoreRowsParams::cand): the launch scores only the rows that
@@ -612,18 +613,18 @@ __global__ void __launch_bounds__(k16Threads, 3) higgs2_mma16_kernel(ScoreRowsPa
 #pragma unroll
       for (int i = 0; i < kT; ++i) {
         const bool in = w + 16 * i + (lane >> 1) < n;
-        cp_async16(dst + i * 576, codes + int64_t(id[i]) * 32 + (lane & 1) * 16, in ? 16 : 0);
+        cp_async16(dst + i * k16CopyStep, codes + int64_t(id[i]) * 32 + (lane & 1) * 16, in ? 16 : 0);
       }
     } else {
       const uint8_t* src = codes + int64_t(w) * 32 + lane * 16;
       if (w + k16Span <= n) {
 #pragma unroll
-        for (int i = 0; i < kT; ++i) cp_async16(dst + i * 576, src + i * 512, 16);
+        for (int i = 0; i < kT; ++i) cp_async16(dst + i * k16CopyStep, src + i * 512, 16);
       } else {
 #pragma unroll
         for (int i = 0; i < kT; ++i) {
           const bool in = w + 16 * i + (lane >> 1) < n;
-          cp_async16(dst + i * 576, in ? src + i * 512 : codes, in ? 16 : 0);
+          cp_async16(dst + i * k16CopyStep, in ? src + i * 512 : codes, in ? 16 : 0);
         }
       }
     }
